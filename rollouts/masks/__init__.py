@@ -1,0 +1,27 @@
+"""Visibility (the single source of truth), KV accounting and training-side masks."""
+
+from .accounting import KVShape, dtype_bytes
+from .training import MaskBatch, block_training_mask, dense_training_mask, mask_batch
+from .visibility import (
+    CompletionTrace,
+    VisibilityTracker,
+    kv_tokens_read,
+    state_visibility,
+    trace_completion,
+    visible_chunks,
+)
+
+__all__ = [
+    "CompletionTrace",
+    "KVShape",
+    "MaskBatch",
+    "VisibilityTracker",
+    "block_training_mask",
+    "dense_training_mask",
+    "dtype_bytes",
+    "kv_tokens_read",
+    "mask_batch",
+    "state_visibility",
+    "trace_completion",
+    "visible_chunks",
+]

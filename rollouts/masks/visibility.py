@@ -1,0 +1,186 @@
+"""Visibility: which KV positions each generated position may read. The single source of truth.
+
+Everything that needs to know what a DA token saw calls into this module: the vLLM plugin (visible
+block list per decoding step), the reference engine, the trainer's log-prob forward (the training
+mask is built from :func:`state_visibility` and :class:`CompletionTrace`), the KV-read accounting and
+the dashboards.
+
+The rule, in one function (:func:`visible_chunks`): scaffold (chunk 0) and generated tokens are
+always visible; ``global`` shows every chunk, ``focus`` the listed ones, ``local`` none.
+
+Timing (DESIGN.md contract 3): the forward of generated token ``g_j`` (at position
+``prompt_len + j``) reads KV under the state reached after parsing ``g_0..g_j``; it predicts
+``g_{j+1}``. So ``g_{j+1}`` is *predicted under* the state after ``g_0..g_j``, and ``g_0`` is
+predicted by the prefill's last row under the initial ``global`` state. Prompt rows are never masked
+(prefill runs unmasked).
+
+Accounting (contract 7): the forward at position ``P`` with ``k`` visible blocks reads
+``(k - 1) * block_size + (P % block_size + 1)`` KV tokens: whole blocks for every visible block
+before the tail, and the tokens written so far in the tail block (the block holding ``P``). That is
+exactly the ``seq_len`` the engine hands to attention. Vanilla causal attention reads ``P + 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollouts.protocol.layout import PromptLayout
+from rollouts.protocol.parser import GLOBAL, GLOBAL_STATE, ModeState, ProtocolParser
+from rollouts.protocol.tokens import TokenTextStream
+
+
+def visible_chunks(state: ModeState, num_chunks: int) -> np.ndarray:
+    """``[num_chunks + 1]`` bool: entry ``c`` says whether chunk ``c`` is visible; entry 0 (scaffold
+    and generated tokens) is always True. *The* visibility rule."""
+    vis = np.zeros(num_chunks + 1, dtype=bool)
+    vis[0] = True
+    if state.mode == GLOBAL:
+        vis[:] = True
+    else:
+        vis[list(state.chunks)] = True  # empty for local
+    return vis
+
+
+def state_visibility(states: Sequence[ModeState], num_chunks: int) -> np.ndarray:
+    """``[len(states), num_chunks + 1]`` bool, one :func:`visible_chunks` row per state."""
+    return (
+        np.stack([visible_chunks(s, num_chunks) for s in states])
+        if states
+        else np.ones((0, num_chunks + 1), bool)
+    )
+
+
+def kv_tokens_read(visible_blocks: int | np.ndarray, position: int | np.ndarray, block_size: int):
+    """KV tokens read by the forward at ``position`` that sees ``visible_blocks`` blocks (tail included)."""
+    return (visible_blocks - 1) * block_size + position % block_size + 1
+
+
+class VisibilityTracker:
+    """Streaming visibility for one request: feed each new token, get the blocks its forward may read.
+
+    ``advance(token_id)`` parses the token, then returns the visible block indices (int32, ascending,
+    tail block last) for the forward of that token. Amortized O(1) per token: the prompt part of the
+    list is rebuilt only when the mode changes, and a block is appended when generation enters it.
+    """
+
+    def __init__(self, layout: PromptLayout, token_table: list[bytes]):
+        self.layout = layout
+        self.parser = ProtocolParser(layout.num_chunks, thinking=layout.thinking)
+        self._text = TokenTextStream(token_table)
+        self._chunk_of_block = layout.chunk_of_block
+        self._prompt_blocks: dict[ModeState, np.ndarray] = {}
+        self._buffer = np.empty(layout.num_blocks + 64, dtype=np.int32)
+        self.state = GLOBAL_STATE
+        self.position = layout.prompt_len - 1  # the last forward so far was the prefill's last row
+        self._n = self._load_prompt_blocks(GLOBAL_STATE)
+        self.text_len = 0
+
+    @property
+    def visible_blocks(self) -> np.ndarray:
+        """The blocks the current forward may read (a view; copy it to keep it)."""
+        return self._buffer[: self._n]
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV tokens the current forward reads (the ``seq_len`` handed to attention)."""
+        return int(kv_tokens_read(self._n, self.position, self.layout.block_size))
+
+    def advance(self, token_id: int) -> np.ndarray:
+        piece = self._text(token_id)
+        if piece:
+            self.text_len += len(piece)
+            state = self.parser.feed(piece)
+            if state != self.state:
+                self.state = state
+                self._n = self._load_prompt_blocks(state)
+        self.position += 1
+        tail = self.position // self.layout.block_size
+        if tail >= self.layout.num_blocks and (self._n == 0 or self._buffer[self._n - 1] != tail):
+            if self._n == len(self._buffer):
+                self._buffer = np.concatenate([self._buffer, np.empty(len(self._buffer), np.int32)])
+            self._buffer[self._n] = tail
+            self._n += 1
+        return self._buffer[: self._n]
+
+    def finish(self):
+        """Flush held-back bytes and close the parse (end-of-stream violations)."""
+        rest = self._text.flush()
+        if rest:
+            self.parser.feed(rest)
+        return self.parser.finish()
+
+    def _load_prompt_blocks(self, state: ModeState) -> int:
+        """Write the prompt's visible blocks for ``state`` plus the generated blocks so far; return the count."""
+        prompt = self._prompt_blocks.get(state)
+        if prompt is None:
+            vis = visible_chunks(state, self.layout.num_chunks)
+            prompt = self._prompt_blocks[state] = np.flatnonzero(vis[self._chunk_of_block]).astype(np.int32)
+        first_gen = self.layout.num_blocks
+        tail = self.position // self.layout.block_size
+        n_gen = max(0, tail - first_gen + 1)
+        need = len(prompt) + n_gen
+        if need > len(self._buffer):
+            self._buffer = np.empty(2 * need, dtype=np.int32)
+        self._buffer[: len(prompt)] = prompt
+        self._buffer[len(prompt) : need] = np.arange(first_gen, first_gen + n_gen, dtype=np.int32)
+        return need
+
+
+@dataclass(frozen=True)
+class CompletionTrace:
+    """Visibility and KV reads along one completion, step by step.
+
+    ``states`` is the table of distinct mode states; per generated token ``j``:
+
+    - ``row_state[j]``: index of the state after parsing ``g_0..g_j`` = the state the forward at
+      position ``prompt_len + j`` reads under (the training mask row of that position);     # [n]
+    - ``kv_tokens[j]`` / ``kv_tokens_vanilla[j]``: KV tokens read by the forward that *predicted*
+      ``g_j`` (``j = 0``: the prefill's last row), under DA and under causal attention.     # [n]
+    """
+
+    layout: PromptLayout
+    states: tuple[ModeState, ...]
+    row_state: np.ndarray  # [n] int32
+    kv_tokens: np.ndarray  # [n] int64
+    kv_tokens_vanilla: np.ndarray  # [n] int64
+
+    @property
+    def predicted_state(self) -> np.ndarray:
+        """``[n]`` int32: index of the state each generated token was predicted under."""
+        return (
+            np.concatenate([[0], self.row_state[:-1]]).astype(np.int32)
+            if len(self.row_state)
+            else self.row_state
+        )
+
+    @property
+    def saving(self) -> float:
+        """``1 - DA / vanilla`` KV tokens read over the completion (0 for an empty one)."""
+        vanilla = int(self.kv_tokens_vanilla.sum())
+        return 1.0 - int(self.kv_tokens.sum()) / vanilla if vanilla else 0.0
+
+
+def trace_completion(
+    layout: PromptLayout, completion_ids: Sequence[int], token_table: list[bytes]
+) -> CompletionTrace:
+    """Replay a completion through :class:`VisibilityTracker`, recording every step.
+
+    The same tracker the engine runs, so trainer masks and accounting cannot drift from the engine.
+    """
+    tracker = VisibilityTracker(layout, token_table)
+    n = len(completion_ids)
+    index: dict[ModeState, int] = {GLOBAL_STATE: 0}
+    row_state = np.zeros(n, dtype=np.int32)
+    kv = np.empty(n, dtype=np.int64)
+    if n:
+        kv[0] = tracker.kv_tokens  # g_0 is predicted by the prefill's last row
+    for j, token_id in enumerate(completion_ids):
+        tracker.advance(int(token_id))
+        row_state[j] = index.setdefault(tracker.state, len(index))
+        if j + 1 < n:
+            kv[j + 1] = tracker.kv_tokens
+    vanilla = layout.prompt_len + np.arange(n, dtype=np.int64)
+    return CompletionTrace(layout, tuple(index), row_state, kv, vanilla)

@@ -1,0 +1,37 @@
+"""The DA protocol: prompt layout, the streaming tag parser and its mode states."""
+
+from .instructions import PROTOCOL_VERSION, system_instructions
+from .layout import LayoutError, PromptLayout, build_prompt
+from .neutralize import neutralize
+from .parser import (
+    GLOBAL_STATE,
+    LOCAL_STATE,
+    VIOLATION_KINDS,
+    ModeState,
+    ParsedCompletion,
+    ProtocolParser,
+    Segment,
+    Violation,
+    parse_completion,
+)
+from .tokens import TokenTextStream, token_bytes_table
+
+__all__ = [
+    "GLOBAL_STATE",
+    "LOCAL_STATE",
+    "PROTOCOL_VERSION",
+    "VIOLATION_KINDS",
+    "LayoutError",
+    "ModeState",
+    "ParsedCompletion",
+    "PromptLayout",
+    "ProtocolParser",
+    "Segment",
+    "TokenTextStream",
+    "Violation",
+    "build_prompt",
+    "neutralize",
+    "parse_completion",
+    "system_instructions",
+    "token_bytes_table",
+]

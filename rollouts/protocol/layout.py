@@ -1,0 +1,335 @@
+"""The DA prompt layout: scaffold, question and block-aligned magic chunks, as token ids with spans.
+
+The prompt is laid out as the paper does it: the protocol in the system message, the question from
+the user, then the context as a simulated tool dialogue, one ``get_magic_chunk(N)`` call answered by
+one tool message per chunk, rendered with the tokenizer's own chat template so a real model sees the
+special tokens it was post-trained on. Tokenizers without tool support get a plain-text layout.
+
+Block alignment (DESIGN.md contract 2): the engine reads whole KV blocks, so every chunk starts on a
+block boundary (the scaffold before it is padded with a neutral token) and ends on one (the chunk is
+padded after its text). A masked chunk then costs exactly its own blocks and no block mixes a chunk
+with scaffold or with another chunk::
+
+    | scaffold ... pad | chunk 1 text ... pad | scaffold ... pad | chunk 2 text ... pad | scaffold ...
+                       ^ block boundary       ^                  ^                      ^
+
+Untrusted text (question and documents) never passes through the template: the template is rendered
+with sentinels, and the untrusted pieces are neutralized and tokenized separately with
+``split_special_tokens=True``, so documents can neither speak the protocol nor close a chat turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from .chunking import split_text
+from .instructions import GET_MAGIC_CHUNK_TOOL, PROTOCOL_VERSION, chunk_header, system_instructions
+from .neutralize import neutralize
+
+logger = logging.getLogger(__name__)
+
+LAYOUT_STYLES = ("auto", "tool", "plain")
+_SENTINEL = re.compile("\ue000(Q|C)(\\d+)\ue001")
+
+
+class LayoutError(ValueError):
+    """A layout that cannot be built or does not fit the prompt it claims to describe."""
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """A laid-out DA prompt: its token ids and where each magic chunk lives.
+
+    ``chunk_spans[i]`` is the token span ``[start, end)`` of chunk ``i + 1`` (block aligned; it
+    includes the chunk's trailing padding). Every other prompt position is scaffold.
+    """
+
+    input_ids: tuple[int, ...]
+    block_size: int
+    chunk_spans: tuple[tuple[int, int], ...]
+    thinking: bool = False
+    style: str = "tool"
+    chunk_texts: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunk_spans)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks the prompt touches (the last one may be partly filled by generated tokens)."""
+        return -(-self.prompt_len // self.block_size)
+
+    @property
+    def scaffold_spans(self) -> list[tuple[int, int]]:
+        """Token spans that are always visible: everything that is not a chunk."""
+        spans, cursor = [], 0
+        for start, end in self.chunk_spans:
+            if start > cursor:
+                spans.append((cursor, start))
+            cursor = end
+        if cursor < self.prompt_len:
+            spans.append((cursor, self.prompt_len))
+        return spans
+
+    @cached_property
+    def chunk_of_block(self) -> np.ndarray:
+        """``[num_blocks]`` int32: the chunk id (1-based) each prompt block belongs to, 0 for scaffold."""
+        out = np.zeros(self.num_blocks, dtype=np.int32)
+        for chunk_id, (start, end) in enumerate(self.chunk_spans, start=1):
+            out[start // self.block_size : end // self.block_size] = chunk_id
+        return out
+
+    @cached_property
+    def chunk_of_token(self) -> np.ndarray:
+        """``[prompt_len]`` int32: the chunk id of each prompt token, 0 for scaffold."""
+        return np.repeat(self.chunk_of_block, self.block_size)[: self.prompt_len]
+
+    def validate(self) -> None:
+        """Raise ``LayoutError`` unless spans are block aligned, ordered, disjoint and inside the prompt."""
+        b = self.block_size
+        if not isinstance(b, int) or b < 1:
+            raise LayoutError(f"block_size must be a positive integer, got {b!r}")
+        cursor = 0
+        for i, span in enumerate(self.chunk_spans, start=1):
+            if len(span) != 2 or not all(isinstance(x, int) for x in span):
+                raise LayoutError(f"chunk {i}: span must be two integers, got {span!r}")
+            start, end = span
+            if start % b or end % b:
+                raise LayoutError(
+                    f"chunk {i}: span [{start}, {end}) is not aligned to block_size={b}; "
+                    "lay the prompt out with build_prompt(..., block_size=) matching the engine"
+                )
+            if not cursor <= start < end:
+                raise LayoutError(f"chunk {i}: span [{start}, {end}) is empty, unordered or overlapping")
+            if end > self.prompt_len:
+                raise LayoutError(
+                    f"chunk {i}: span [{start}, {end}) ends past the prompt ({self.prompt_len} tokens)"
+                )
+            cursor = end
+
+    # -- travelling with a request (vLLM SamplingParams.extra_args must be msgpack-safe) ----------
+
+    def to_wire(self) -> dict:
+        """The minimal msgpack-safe form an engine needs; token ids travel as the prompt itself."""
+        return {
+            "version": PROTOCOL_VERSION,
+            "block_size": self.block_size,
+            "prompt_len": self.prompt_len,
+            "chunk_spans": [list(s) for s in self.chunk_spans],
+            "thinking": self.thinking,
+        }
+
+    @classmethod
+    def from_wire(cls, wire: dict, prompt_token_ids: Sequence[int]) -> PromptLayout:
+        """Rebuild a layout from ``to_wire()`` output; ``LayoutError`` if it does not fit the prompt."""
+        if not isinstance(wire, dict):
+            raise LayoutError(f"DA layout must be a dict, got {type(wire).__name__}")
+        missing = {"version", "block_size", "prompt_len", "chunk_spans"} - wire.keys()
+        if missing:
+            raise LayoutError(f"DA layout is missing {sorted(missing)}")
+        if wire["version"] != PROTOCOL_VERSION:
+            raise LayoutError(
+                f"DA layout version {wire['version']!r} is not supported (expected {PROTOCOL_VERSION})"
+            )
+        if wire["prompt_len"] != len(prompt_token_ids):
+            raise LayoutError(
+                f"DA layout was built for a {wire['prompt_len']}-token prompt but the request has "
+                f"{len(prompt_token_ids)} tokens; send the layout's own input_ids as the prompt"
+            )
+        spans = wire["chunk_spans"]
+        if not isinstance(spans, list | tuple):
+            raise LayoutError("DA layout chunk_spans must be a list of [start, end] pairs")
+        return cls(
+            input_ids=tuple(prompt_token_ids),
+            block_size=wire["block_size"],
+            chunk_spans=tuple(tuple(s) if isinstance(s, list | tuple) else (s,) for s in spans),
+            thinking=bool(wire.get("thinking", False)),
+        )
+
+
+# -- building -------------------------------------------------------------------------------------
+
+
+def build_prompt(
+    question: str,
+    context: str | Sequence[str],
+    tokenizer,
+    *,
+    block_size: int = 32,
+    chunk_tokens: int = 2048,
+    thinking: bool = False,
+    style: str = "auto",
+    system_prompt: str | None = None,
+    repeat_question: bool = True,
+    pad_token_id: int | None = None,
+) -> PromptLayout:
+    """Lay out a DA prompt.
+
+    Args:
+        question: what the model must answer (scaffold: visible in every mode).
+        context: raw text, split into chunks of about ``chunk_tokens`` at natural boundaries, or a
+            list of documents, one chunk each (a document longer than ``chunk_tokens`` is split).
+        tokenizer: a HF tokenizer; its chat template is used when it supports tool messages.
+        block_size: KV block size of the engine (vLLM's CPU attention needs a multiple of 32).
+        thinking: use the thinking-mode instructions and the template's thinking switch.
+        style: ``"tool"`` (chat template tool dialogue), ``"plain"`` (plain text), or ``"auto"``
+            (tool when the template supports it, else plain with a warning).
+        system_prompt: text placed before the protocol instructions in the system message.
+        repeat_question: repeat the question after the chunks (long contexts bury the first one).
+        pad_token_id: token used to pad to block boundaries; default: the single token for ``"\\n"``.
+    """
+    if style not in LAYOUT_STYLES:
+        raise LayoutError(f"style must be one of {LAYOUT_STYLES}, got {style!r}")
+    if block_size < 1:
+        raise LayoutError(f"block_size must be >= 1, got {block_size}")
+    chunks = _split_context(context, chunk_tokens, tokenizer)
+    if not chunks:
+        raise LayoutError("the context is empty: DA needs at least one magic chunk")
+    chunks = [neutralize(c) for c in chunks]
+    system = (
+        system_instructions(thinking)
+        if system_prompt is None
+        else f"{system_prompt}\n\n{system_instructions(thinking)}"
+    )
+
+    rendered = None
+    if style in ("auto", "tool"):
+        rendered, why = _render_tool_dialogue(tokenizer, system, len(chunks), thinking, repeat_question)
+        if rendered is None:
+            if style == "tool":
+                raise LayoutError(
+                    f"the tokenizer's chat template cannot lay out a tool dialogue ({why}); use style='plain'"
+                )
+            logger.warning(
+                "chat template has no usable tool support (%s); using the plain-text DA layout", why
+            )
+    used_style = "tool" if rendered is not None else "plain"
+    if rendered is None:
+        rendered = _render_plain(tokenizer, system, len(chunks), repeat_question)
+
+    pad = _pad_token(tokenizer) if pad_token_id is None else pad_token_id
+    ids: list[int] = []
+    spans: list[tuple[int, int]] = []
+    for kind, payload in _pieces(rendered, len(chunks)):
+        if kind == "template":
+            ids += _encode(tokenizer, payload, trusted=True)
+        elif kind == "question":
+            ids += _encode(tokenizer, neutralize(question), trusted=False)
+        else:
+            ids += [pad] * (-len(ids) % block_size)
+            start = len(ids)
+            ids += _encode(tokenizer, chunks[payload], trusted=False)
+            ids += [pad] * (-len(ids) % block_size)
+            spans.append((start, len(ids)))
+    return PromptLayout(tuple(ids), block_size, tuple(spans), thinking, used_style, tuple(chunks))
+
+
+def _split_context(context, chunk_tokens, tokenizer) -> list[str]:
+    def count(pieces: list[str]) -> list[int]:
+        enc = tokenizer(pieces, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return [len(x) for x in enc]
+
+    if isinstance(context, str):
+        return split_text(context, chunk_tokens, count)
+    chunks = []
+    for i, doc in enumerate(context):
+        if not isinstance(doc, str):
+            raise LayoutError(f"context document {i} must be a str, got {type(doc).__name__}")
+        if not doc.strip():
+            raise LayoutError(f"context document {i} is empty; drop it or give it text")
+        chunks += split_text(doc, chunk_tokens, count)
+    return chunks
+
+
+def _sentinel(kind: str, index: int) -> str:
+    return f"\ue000{kind}{index}\ue001"
+
+
+def _render_tool_dialogue(tokenizer, system, n_chunks, thinking, repeat_question) -> tuple[str | None, str]:
+    if getattr(tokenizer, "chat_template", None) is None:
+        return None, "no chat template"
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": _sentinel("Q", 0)}]
+    for i in range(1, n_chunks + 1):
+        call = {"type": "function", "function": {"name": "get_magic_chunk", "arguments": {"chunk_id": i}}}
+        messages.append({"role": "assistant", "content": "", "tool_calls": [{"id": f"call_{i}", **call}]})
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{i}",
+                "name": "get_magic_chunk",
+                "content": chunk_header(i) + _sentinel("C", i - 1),
+            }
+        )
+    if repeat_question:
+        messages.append({"role": "user", "content": f"Question: {_sentinel('Q', 1)}"})
+    try:
+        text = tokenizer.apply_chat_template(
+            messages,
+            tools=[GET_MAGIC_CHUNK_TOOL],
+            add_generation_prompt=True,
+            tokenize=False,
+            enable_thinking=thinking,
+        )
+    except Exception as err:  # templates raise arbitrary errors on roles they do not know
+        return None, f"{type(err).__name__}: {err}"
+    found = [(m.group(1), int(m.group(2))) for m in _SENTINEL.finditer(text)]
+    expected = [("Q", 0), *[("C", i) for i in range(n_chunks)], *([("Q", 1)] if repeat_question else [])]
+    if found != expected:
+        return None, "the template dropped or reordered tool messages"
+    return text, ""
+
+
+def _render_plain(tokenizer, system, n_chunks, repeat_question) -> str:
+    bos = tokenizer.bos_token if _adds_bos(tokenizer) else ""
+    parts = [f"{bos}{system}\n\nQuestion: {_sentinel('Q', 0)}\n\n"]
+    for i in range(1, n_chunks + 1):
+        parts.append(f"[get_magic_chunk({i})]\n{chunk_header(i)}{_sentinel('C', i - 1)}\n\n")
+    if repeat_question:
+        parts.append(f"Question: {_sentinel('Q', 1)}\n")
+    parts.append("Response:\n")
+    return "".join(parts)
+
+
+def _adds_bos(tokenizer) -> bool:
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
+
+
+def _pieces(rendered: str, n_chunks: int):
+    """Yield ("template", text) / ("question", None) / ("chunk", index) in prompt order."""
+    cursor = 0
+    for m in _SENTINEL.finditer(rendered):
+        if m.start() > cursor:
+            yield "template", rendered[cursor : m.start()]
+        yield ("question", None) if m.group(1) == "Q" else ("chunk", int(m.group(2)))
+        cursor = m.end()
+    if cursor < len(rendered):
+        yield "template", rendered[cursor:]
+
+
+def _encode(tokenizer, text: str, trusted: bool) -> list[int]:
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=not trusted)["input_ids"]
+
+
+def _pad_token(tokenizer) -> int:
+    for text in ("\n", " "):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) == 1:
+            return ids[0]
+    raise LayoutError(
+        "no single-token newline or space in this tokenizer; pass pad_token_id= to build_prompt"
+    )

@@ -1,0 +1,26 @@
+"""Make context text unable to speak the protocol (DESIGN.md contract 6).
+
+A document that contains ``<focus magic_chunks="3">`` or ``<answer>42</answer>`` must not steer the
+model, the parser or the compliance check. Every ``<`` that opens something shaped like a protocol
+tag (any case, optional ``/`` and spaces) becomes ``‹`` (U+2039), which reads the same to a person
+and can never start a tag. Chat-template control tokens inside documents are handled separately:
+untrusted text is tokenized with ``split_special_tokens=True`` so ``<|im_end|>`` stays plain text.
+"""
+
+from __future__ import annotations
+
+import re
+
+TAG_NAMES = ("global", "focus", "local", "answer", "think")
+NEUTRAL_LT = "\u2039"
+
+_TAG_LIKE = re.compile(r"<(?=\s*/?\s*(?:" + "|".join(TAG_NAMES) + r"))", re.IGNORECASE)
+
+
+def neutralize(text: str) -> str:
+    """Replace the ``<`` of every protocol-tag-like sequence with ``‹``.
+
+    >>> neutralize('see <focus magic_chunks="1"> and </ANSWER>, but 3 < 4')
+    'see ‹focus magic_chunks="1"> and ‹/ANSWER>, but 3 < 4'
+    """
+    return _TAG_LIKE.sub(NEUTRAL_LT, text)

@@ -1,0 +1,353 @@
+"""The Declarative Attention tag parser: one streaming state machine for text pieces and token ids.
+
+The model writes its attention plan into its own output:
+
+    <global>I need the founding year, Magic Chunk 2 has the history.</global>
+    <focus magic_chunks="2">Acme Corp was founded in 2003.</focus>
+    <local>2011 - 2003 = 8 years.</local>
+    <answer>8 years</answer>
+
+Rules (the README repeats them; tests pin each one):
+
+- Modes: ``global`` (every chunk visible), ``focus`` (only the listed chunks), ``local`` (no chunk).
+  Decoding starts in ``global``. Scaffold and generated tokens are visible in every mode.
+- ``<focus magic_chunks="LIST">``: LIST holds 1-based chunk ids separated by commas and/or spaces, in
+  double or single quotes. Ids outside ``1..num_chunks`` (or not integers) are dropped with a violation;
+  if none remains, or the attribute is missing or empty, the mode becomes ``local`` with a violation.
+- ``<local>`` -> local, ``<global>`` -> global; ``</focus>``, ``</local>``, ``</global>`` -> global.
+  Opening a mode tag while another is open switches mode (violation ``nested_mode``); a closing tag
+  with nothing open is a violation (``unmatched_close``), one that closes a different tag too
+  (``mismatched_close``); both still return to global.
+- A mode changes exactly when the ``>`` that completes its tag is read. A token is *predicted* under
+  the mode in force after every earlier token, so the tag's own text belongs to the old mode and the
+  text right after ``>`` to the new one (DESIGN.md contract 3).
+- ``<answer>...</answer>`` changes no mode; the answer is its stripped text, without tag text inside
+  it. Missing answer, a second answer (the first counts), text after ``</answer>``, an answer or a
+  mode tag still open at the end: each is a violation.
+- In thinking mode ``<think>``/``</think>`` are read and change nothing; DA tags inside and outside
+  them are parsed alike.
+- Anything else that looks like ``<...>`` is plain text (``x < 3 and y > 2``); so is a ``<focus``
+  tag longer than ``MAX_TAG_CHARS``.
+- The parser never raises on model output.
+
+Because every decision depends only on the characters read so far, the mode after any prefix does
+not depend on how the text was split into pieces; the hypothesis tests check exactly that.
+"""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+MAX_TAG_CHARS = 256  # a `<focus ...>` candidate longer than this is plain text (bounds buffering)
+
+GLOBAL, FOCUS, LOCAL = "global", "focus", "local"
+
+
+class ModeState(NamedTuple):
+    """What the model may read: a mode and, for focus, the sorted chunk ids."""
+
+    mode: str
+    chunks: tuple[int, ...] = ()
+
+
+GLOBAL_STATE = ModeState(GLOBAL)
+LOCAL_STATE = ModeState(LOCAL)
+
+
+class Violation(NamedTuple):
+    """A protocol violation: its kind and the character offset in the completion where it occurred."""
+
+    kind: str
+    position: int
+
+
+# Every violation kind the parser records (rewards count them by kind).
+VIOLATION_KINDS = (
+    "unknown_chunk",  # focus id outside 1..num_chunks, dropped
+    "malformed_chunk_id",  # focus list item that is not an integer, dropped
+    "empty_focus",  # no valid id left (or attribute missing): mode becomes local
+    "nested_mode",  # a mode tag opened while another one was open
+    "unmatched_close",  # a closing tag with nothing open
+    "mismatched_close",  # a closing tag for a different tag than the open one
+    "unclosed_mode",  # a mode tag still open at the end
+    "missing_answer",
+    "multiple_answers",  # a second <answer>; the first counts
+    "nested_answer",  # <answer> inside an open answer
+    "unclosed_answer",  # <answer> without </answer>; the text to the end is the answer
+    "tag_in_answer",  # a mode tag inside the answer
+    "text_after_answer",  # non-whitespace text after </answer>
+)
+
+_MODE_TAGS = {"<global>": GLOBAL, "<local>": LOCAL}
+_CLOSE_TAGS = {"</global>": GLOBAL, "</local>": LOCAL, "</focus>": FOCUS}
+_ANSWER_TAGS = ("<answer>", "</answer>")
+_THINK_TAGS = ("<think>", "</think>")
+_FOCUS_HEAD = "<focus"
+_CHUNKS_ATTR = re.compile(r"""magic_chunks\s*=\s*(?:"([^"]*)"|'([^']*)')""")
+_ID_SEPARATORS = re.compile(r"[,\s]+")
+
+
+def _prefixes(words) -> frozenset[str]:
+    return frozenset(w[:i] for w in words for i in range(1, len(w) + 1))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A span of completion characters ``[start, end)`` predicted under one mode."""
+
+    mode: str
+    chunks: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def state(self) -> ModeState:
+        return ModeState(self.mode, self.chunks)
+
+
+@dataclass
+class ParsedCompletion:
+    """The result of parsing one completion."""
+
+    segments: list[Segment]
+    answer: str | None
+    violations: list[Violation]
+    text: str = ""
+
+    @property
+    def focused_chunks(self) -> tuple[int, ...]:
+        """Every chunk id that some focus segment made visible, sorted."""
+        return tuple(sorted({c for s in self.segments for c in s.chunks}))
+
+
+@dataclass
+class ProtocolParser:
+    """Incremental DA parser over text pieces.
+
+    ``feed(piece)`` returns the mode state in force after the piece, i.e. the state under which the
+    *next* token is predicted. ``transitions`` records ``(offset, state)`` at every change, so the
+    engine pays nothing for segment bookkeeping it does not read.
+    """
+
+    num_chunks: int
+    thinking: bool = False
+    state: ModeState = GLOBAL_STATE
+    violations: list[Violation] = field(default_factory=list)
+    transitions: list[tuple[int, ModeState]] = field(default_factory=lambda: [(0, GLOBAL_STATE)])
+
+    def __post_init__(self):
+        if self.num_chunks < 0:
+            raise ValueError(f"num_chunks must be >= 0, got {self.num_chunks}")
+        self._exact = {*_MODE_TAGS, *_CLOSE_TAGS, *_ANSWER_TAGS, *(_THINK_TAGS if self.thinking else ())}
+        self._tag_prefixes = _prefixes([*self._exact, _FOCUS_HEAD])
+        self._consumed = 0  # characters fully read (as text or as a completed tag)
+        self._pending = ""  # a candidate tag that is not complete yet, starting with "<"
+        self._open_mode: str | None = None
+        self._in_answer = False
+        self._answer_parts: list[str] | None = None  # collects the first answer's text
+        self._answers_seen = 0
+        self._after_answer_flagged = False
+        self.answer: str | None = None
+        self._focus_cache: dict[str, tuple[ModeState, list[str]]] = {}
+
+    # -- input -------------------------------------------------------------------------------------
+
+    def feed(self, piece: str) -> ModeState:
+        """Read one piece of generated text; return the state the next token is predicted under."""
+        while piece:
+            if not self._pending:
+                i = piece.find("<")
+                if i < 0:
+                    self._text(piece)
+                    break
+                if i:
+                    self._text(piece[:i])
+                self._pending = "<"
+                piece = piece[i + 1 :]
+                continue
+            # Extend the candidate tag one character at a time: tags are short and rare.
+            ch, piece = piece[0], piece[1:]
+            self._extend(ch)
+        return self.state
+
+    def finish(self) -> ParsedCompletion:
+        """End of the completion: flush, record end-of-stream violations, return the result."""
+        if self._pending:
+            pending, self._pending = self._pending, ""
+            self._text(pending)
+        end = self._consumed
+        if self._open_mode is not None:
+            self._violation("unclosed_mode", end)
+        if self._in_answer:
+            self._violation("unclosed_answer", end)
+            self._close_answer()
+        elif self._answers_seen == 0:
+            self._violation("missing_answer", end)
+        return ParsedCompletion(self.segments(end), self.answer, list(self.violations))
+
+    def segments(self, end: int | None = None) -> list[Segment]:
+        """Segments ``[start, end)`` by the state their characters were predicted under."""
+        end = self._consumed if end is None else end
+        bounds = [*self.transitions, (end, None)]
+        return [
+            Segment(state.mode, state.chunks, start, stop)
+            for (start, state), (stop, _) in itertools.pairwise(bounds)
+            if stop > start
+        ]
+
+    # -- the machine -------------------------------------------------------------------------------
+
+    def _extend(self, ch: str) -> None:
+        pending = self._pending + ch
+        if pending in self._exact:
+            self._pending = ""
+            self._tag(pending)
+        elif pending in self._tag_prefixes:
+            self._pending = pending
+        elif pending.startswith(_FOCUS_HEAD) and self._focus_candidate(pending):
+            if ch == ">":
+                self._pending = ""
+                self._tag(pending)
+            else:
+                self._pending = pending
+        else:
+            # Not a tag. The old candidate held one "<" (at its start), so only `ch` can open a new one.
+            self._pending = ""
+            if ch == "<":
+                self._text(pending[:-1])
+                self._pending = "<"
+            else:
+                self._text(pending)
+
+    @staticmethod
+    def _focus_candidate(pending: str) -> bool:
+        """Can ``pending`` (which starts with ``<focus``) still become or be a focus tag?"""
+        if len(pending) > MAX_TAG_CHARS:
+            return False
+        sep = pending[len(_FOCUS_HEAD)]
+        if sep != ">" and not sep.isspace():
+            return False  # <focused> is text
+        return "<" not in pending[1:]
+
+    def _text(self, text: str) -> None:
+        if not text:
+            return
+        if self._in_answer:
+            if self._answer_parts is not None:
+                self._answer_parts.append(text)
+        elif self._answers_seen and not self._after_answer_flagged and not text.isspace():
+            self._after_answer_flagged = True
+            self._violation("text_after_answer", self._consumed + (len(text) - len(text.lstrip())))
+        self._consumed += len(text)
+
+    def _tag(self, tag: str) -> None:
+        start = self._consumed
+        self._consumed += len(tag)
+        if tag in _MODE_TAGS or tag.startswith(_FOCUS_HEAD):
+            if self._open_mode is not None:
+                self._violation("nested_mode", start)
+            if self._in_answer:
+                self._violation("tag_in_answer", start)
+            if tag in _MODE_TAGS:
+                self._open_mode = _MODE_TAGS[tag]
+                self._set_state(GLOBAL_STATE if self._open_mode == GLOBAL else LOCAL_STATE)
+            else:
+                self._open_mode = FOCUS
+                self._set_state(self._focus_state(tag, start))
+        elif tag in _CLOSE_TAGS:
+            if self._in_answer:
+                self._violation("tag_in_answer", start)
+            if self._open_mode is None:
+                self._violation("unmatched_close", start)
+            elif self._open_mode != _CLOSE_TAGS[tag]:
+                self._violation("mismatched_close", start)
+            self._open_mode = None
+            self._set_state(GLOBAL_STATE)
+        elif tag == "<answer>":
+            if self._in_answer:
+                self._violation("nested_answer", start)
+            else:
+                if self._answers_seen:
+                    self._violation("multiple_answers", start)
+                self._in_answer = True
+                self._answer_parts = [] if self._answers_seen == 0 else None
+        elif tag == "</answer>":
+            if not self._in_answer:
+                self._violation("unmatched_close", start)
+            else:
+                self._close_answer()
+        # <think> and </think> (thinking mode): read, and change nothing.
+
+    def _close_answer(self) -> None:
+        self._in_answer = False
+        if self._answer_parts is not None:
+            self.answer = "".join(self._answer_parts).strip()
+            self._answer_parts = None
+        self._answers_seen += 1
+
+    def _focus_state(self, tag: str, start: int) -> ModeState:
+        # The same tag text always yields the same state and violations: cache it (the engine
+        # sees one focus tag per request step at most, but GRPO groups repeat the same plans).
+        cached = self._focus_cache.get(tag)
+        if cached is None:
+            cached = self._focus_cache[tag] = self._read_focus(tag)
+        state, kinds = cached
+        for kind in kinds:
+            self._violation(kind, start)
+        return state
+
+    def _read_focus(self, tag: str) -> tuple[ModeState, list[str]]:
+        kinds: list[str] = []
+        match = _CHUNKS_ATTR.search(tag)
+        raw = (match.group(1) if match.group(1) is not None else match.group(2)) if match else ""
+        ids: set[int] = set()
+        for item in filter(None, _ID_SEPARATORS.split(raw)):
+            if not (item.isascii() and item.isdigit()):
+                kinds.append("malformed_chunk_id")
+            elif 1 <= int(item) <= self.num_chunks:
+                ids.add(int(item))
+            else:
+                kinds.append("unknown_chunk")
+        if not ids:
+            kinds.append("empty_focus")
+            return LOCAL_STATE, kinds
+        return ModeState(FOCUS, tuple(sorted(ids))), kinds
+
+    def _set_state(self, state: ModeState) -> None:
+        if state != self.state:
+            self.state = state
+            self.transitions.append((self._consumed, state))
+
+    def _violation(self, kind: str, position: int) -> None:
+        self.violations.append(Violation(kind, position))
+
+
+def parse_completion(text: str, num_chunks: int, thinking: bool = False) -> ParsedCompletion:
+    """Parse a whole completion.
+
+    >>> p = parse_completion('<focus magic_chunks="2">x</focus><answer>8</answer>', num_chunks=7)
+    >>> [(s.mode, s.chunks) for s in p.segments], p.answer, p.violations
+    ([('global', ()), ('focus', (2,)), ('global', ())], '8', [])
+    """
+    parser = ProtocolParser(num_chunks, thinking=thinking)
+    parser.feed(text)
+    result = parser.finish()
+    result.text = text
+    return result
+
+
+class Utf8Stream:
+    """Turns per-token byte strings into text, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, data: bytes) -> str:
+        return self._decoder.decode(data)
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
