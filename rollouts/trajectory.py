@@ -1,0 +1,54 @@
+"""The trajectory record: one prompt, one completion, and everything measured while generating it.
+
+Rollout engines produce it, rewards score it, the trainer learns from it, dashboards draw it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rollouts.masks.visibility import CompletionTrace
+from rollouts.protocol.layout import PromptLayout
+from rollouts.protocol.parser import ParsedCompletion
+
+ROLLOUT_MODES = ("da", "da-nm", "vanilla")  # mask on / DA prompt without mask (the paper's control) / plain
+FINISH_REASONS = ("stop", "length", "error")
+
+
+@dataclass
+class Trajectory:
+    """A generated completion with its accounting.
+
+    ``trace`` holds the per-step DA visibility and KV reads (block-rounded); in ``da-nm`` and
+    ``vanilla`` modes it is still computed (what DA *would* have read) but the engine read
+    ``trace.kv_tokens_vanilla``. ``kv_tokens_per_layer`` is set when Selective Attention eviction
+    makes layers differ.
+    """
+
+    example: dict[str, Any]  # the dataset row (question, answers, task, evidence_chunks, ...)
+    layout: PromptLayout
+    completion_ids: list[int]  # [n]
+    completion_text: str
+    parsed: ParsedCompletion
+    trace: CompletionTrace
+    mode: str = "da"
+    finish_reason: str = "stop"
+    logprobs: list[float] | None = None  # [n] sampled-token log-probs from the engine
+    kv_tokens_per_layer: np.ndarray | None = None  # [n, layers] when SA eviction is active
+    wall_time_s: float = 0.0
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.mode not in ROLLOUT_MODES:
+            raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {self.mode!r}")
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+
+    @property
+    def kv_tokens_read(self) -> np.ndarray:
+        """``[n]`` KV tokens the engine actually read per step in this trajectory's mode."""
+        return self.trace.kv_tokens if self.mode == "da" else self.trace.kv_tokens_vanilla
