@@ -1,0 +1,118 @@
+"""Training-side masks: dense and BlockMask forms against a loop reference, and in a real HF forward."""
+
+import numpy as np
+import pytest
+import torch
+
+from rollouts.masks import block_training_mask, dense_training_mask, mask_batch, trace_completion, visible_chunks
+from rollouts.protocol import build_prompt
+
+COMPLETIONS = [
+    '<global>plan</global><focus magic_chunks="2">the mill</focus><local>so two</local><answer>2</answer>',
+    '<local>nothing to read</local><focus magic_chunks="1">bread</focus><answer>1</answer>',
+]
+
+
+@pytest.fixture(scope="module")
+def batch_rows(tokenizer, token_table):
+    layouts = [
+        build_prompt("Where is the mill?", ["A quiet river. " * 8, "The old mill. " * 9, "Bread. " * 5], tokenizer, block_size=16),
+        build_prompt("What is sold?", ["The baker sells bread. " * 6, "Snow falls. " * 4], tokenizer, block_size=16),
+    ]
+    completion_ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in COMPLETIONS]
+    traces = [trace_completion(lay, ids, token_table) for lay, ids in zip(layouts, completion_ids)]
+    max_prompt = max(lay.prompt_len for lay in layouts)
+    max_completion = max(len(t.row_state) for t in traces)
+    starts = [max_prompt - lay.prompt_len for lay in layouts]  # TRL: prompts left-padded
+    return traces, starts, max_prompt + max_completion, completion_ids
+
+
+def reference_mask(trace, start, seq_len):
+    """Loop over every (query, key) pair, deciding from spans and states alone."""
+    layout = trace.layout
+    n = len(trace.row_state)
+    mask = np.zeros((seq_len, seq_len), dtype=bool)
+    valid = range(start, start + layout.prompt_len + n)
+    for q in range(seq_len):
+        if q not in valid:
+            mask[q, q] = True
+            continue
+        j = q - start - layout.prompt_len  # completion index of the query (negative: prompt row)
+        state = trace.states[trace.row_state[j]] if j >= 0 else trace.states[0]
+        vis = visible_chunks(state, layout.num_chunks)
+        for k in range(start, q + 1):
+            pos = k - start
+            chunk = next((i for i, (s, e) in enumerate(layout.chunk_spans, start=1) if s <= pos < e), 0)
+            mask[q, k] = bool(vis[chunk])
+    return mask
+
+
+def test_dense_mask_matches_loop_reference(batch_rows):
+    traces, starts, seq_len, _ = batch_rows
+    batch = mask_batch(traces, starts, seq_len)
+    dense = dense_training_mask(batch)
+    assert dense.shape == (2, 1, seq_len, seq_len) and dense.dtype == torch.bool
+    for b, (trace, start) in enumerate(zip(traces, starts)):
+        assert np.array_equal(dense[b, 0].numpy(), reference_mask(trace, start, seq_len)), f"row {b}"
+    # positions count real tokens only, so left padding does not shift RoPE
+    for b, (trace, start) in enumerate(zip(traces, starts)):
+        n_real = trace.layout.prompt_len + len(trace.row_state)
+        assert batch.position_ids[b, start : start + n_real].tolist() == list(range(n_real))
+
+
+def test_block_mask_equals_dense(batch_rows):
+    """FlexAttention with the BlockMask gives the same attention output as SDPA with the dense mask."""
+    traces, starts, seq_len, _ = batch_rows
+    batch = mask_batch(traces, starts, seq_len)
+    dense = dense_training_mask(batch)
+    block = block_training_mask(batch, block_size=32)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, seq_len, 32) for _ in range(3))
+    with pytest.warns(UserWarning, match="torch.compile"):
+        flex = flex_attention(q, k, v, block_mask=block)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+    valid = batch.valid[:, None, :, None].expand_as(sdpa)
+    assert torch.allclose(flex[valid], sdpa[valid], atol=1e-5)
+
+
+def test_masked_forward_is_padding_invariant_and_really_masks(batch_rows):
+    """A tiny Qwen3 in a padded batch gives the same logits as the row alone, and differs from causal."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    traces, starts, seq_len, completion_ids = batch_rows
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, attn_implementation="sdpa",
+    )  # fmt: skip
+    model = Qwen3ForCausalLM(config).eval()
+    batch = mask_batch(traces, starts, seq_len)
+    input_ids = torch.zeros(2, seq_len, dtype=torch.long)
+    for b, (trace, start) in enumerate(zip(traces, starts)):
+        ids = list(trace.layout.input_ids) + completion_ids[b]
+        input_ids[b, start : start + len(ids)] = torch.tensor(ids)
+    with torch.no_grad():
+        padded = model(input_ids, attention_mask=dense_training_mask(batch), position_ids=batch.position_ids).logits
+        for b, (trace, start) in enumerate(zip(traces, starts)):
+            n = trace.layout.prompt_len + len(trace.row_state)
+            alone = mask_batch([trace], [0], n)
+            solo = model(input_ids[b : b + 1, start : start + n], attention_mask=dense_training_mask(alone), position_ids=alone.position_ids).logits
+            assert torch.allclose(padded[b, start : start + n], solo[0], atol=1e-5)
+            causal = model(input_ids[b : b + 1, start : start + n]).logits
+            p = trace.layout.prompt_len
+            masked_rows = [p + j for j in range(len(trace.row_state)) if trace.states[trace.row_state[j]].mode != "global"]
+            assert masked_rows, "the completion should have non-global steps"
+            # identical up to the first masked row (later global rows read hidden states that were masked)
+            before = slice(0, masked_rows[0])
+            assert torch.allclose(solo[0, before], causal[0, before], atol=1e-5)
+            assert (solo[0, masked_rows] - causal[0, masked_rows]).abs().amax(-1).min() > 1e-4
+
+
+def test_mask_batch_rejects_rows_that_do_not_fit(batch_rows):
+    traces, starts, seq_len, _ = batch_rows
+    with pytest.raises(ValueError, match="does not fit"):
+        mask_batch(traces, starts, seq_len - 1)
+    with pytest.raises(ValueError, match="prompt_starts"):
+        mask_batch(traces, starts[:1], seq_len)

@@ -1,0 +1,187 @@
+"""The DA tag parser: hand-worked rules, the paper's Acme example, and fuzzing against a reference."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollouts.protocol import ProtocolParser, parse_completion
+from rollouts.protocol.parser import MAX_TAG_CHARS
+
+from .reference_parser import MAX_TAG, reference_parse
+
+ACME = (
+    "<global>\nI need the founding year and the IPO year. The company history in Magic Chunk 2\n"
+    "should state the founding.\n</global>\n"
+    '<focus magic_chunks="2">"Acme Corp was founded in 2003 in San Jose."</focus>\n'
+    '<focus magic_chunks="7">"Acme Corp went public on the NYSE in 2011."</focus>\n'
+    "<local>2011 - 2003 = 8 years.</local>\n"
+    "<answer>8 years</answer>"
+)
+
+
+def modes(parsed):
+    return [(s.mode, s.chunks) for s in parsed.segments]
+
+
+def kinds(parsed):
+    return [v.kind for v in parsed.violations]
+
+
+def test_acme_example_modes_and_offsets():
+    p = parse_completion(ACME, num_chunks=7)
+    assert modes(p) == [
+        ("global", ()),
+        ("focus", (2,)),
+        ("global", ()),
+        ("focus", (7,)),
+        ("global", ()),
+        ("local", ()),
+        ("global", ()),
+    ]
+    # A tag's own text is predicted under the old mode: the new segment starts right after its '>'.
+    focus2 = ACME.index('<focus magic_chunks="2">') + len('<focus magic_chunks="2">')
+    close2 = ACME.index("</focus>") + len("</focus>")
+    focus7 = ACME.index('<focus magic_chunks="7">') + len('<focus magic_chunks="7">')
+    local = ACME.index("<local>") + len("<local>")
+    close_local = ACME.index("</local>") + len("</local>")
+    starts = [s.start for s in p.segments]
+    assert starts == [0, focus2, close2, focus7, ACME.index("</focus>", focus7) + len("</focus>"), local, close_local]
+    assert p.segments[-1].end == len(ACME)
+    assert ACME[p.segments[1].start : p.segments[1].end] == '"Acme Corp was founded in 2003 in San Jose."</focus>'
+    assert p.answer == "8 years"
+    assert p.violations == []
+    assert p.focused_chunks == (2, 7)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected_modes", "expected_kinds"),
+    [
+        # ids: commas and/or spaces, single or double quotes, duplicates and order do not matter
+        ("<focus magic_chunks='3 1,1'>x</focus><answer>a</answer>", [("global", ()), ("focus", (1, 3)), ("global", ())], []),
+        ('<focus magic_chunks = " 2 , 4 ">x</focus><answer>a</answer>', [("global", ()), ("focus", (2, 4)), ("global", ())], []),
+        # out-of-range ids are dropped with a violation each
+        ('<focus magic_chunks="0,2,9">x</focus><answer>a</answer>', [("global", ()), ("focus", (2,)), ("global", ())], ["unknown_chunk", "unknown_chunk"]),
+        # nothing valid left -> local
+        ('<focus magic_chunks="9">x</focus><answer>a</answer>', [("global", ()), ("local", ()), ("global", ())], ["unknown_chunk", "empty_focus"]),
+        ('<focus magic_chunks="two">x</focus><answer>a</answer>', [("global", ()), ("local", ()), ("global", ())], ["malformed_chunk_id", "empty_focus"]),
+        ("<focus>x</focus><answer>a</answer>", [("global", ()), ("local", ()), ("global", ())], ["empty_focus"]),
+        ('<focus magic_chunks="">x</focus><answer>a</answer>', [("global", ()), ("local", ()), ("global", ())], ["empty_focus"]),
+        # opening while open switches and records; closing with nothing open records
+        ("<local>a<global>b</global><answer>a</answer>", [("global", ()), ("local", ()), ("global", ())], ["nested_mode"]),
+        ("</focus><answer>a</answer>", [("global", ())], ["unmatched_close"]),
+        ("<local>a</focus>b<answer>a</answer>", [("global", ()), ("local", ()), ("global", ())], ["mismatched_close"]),
+        ("<local>a<answer>a</answer>", [("global", ()), ("local", ())], ["unclosed_mode"]),
+        # plain text that looks like tags
+        ("x < 3 and y > 2 <focused> <globalx> <answer>a</answer>", [("global", ())], []),
+        ("<<local>>a</local><answer>a</answer>", [("global", ()), ("local", ()), ("global", ())], []),
+    ],
+)
+def test_mode_rules(text, expected_modes, expected_kinds):
+    p = parse_completion(text, num_chunks=5)
+    assert modes(p) == expected_modes
+    assert kinds(p) == expected_kinds
+
+
+def test_answer_rules():
+    assert parse_completion("<answer>  42 \n</answer>", 1).answer == "42"
+    p = parse_completion("thinking out loud", 1)
+    assert p.answer is None and kinds(p) == ["missing_answer"]
+    p = parse_completion("<answer>1</answer> <answer>2</answer>", 1)
+    assert p.answer == "1" and kinds(p) == ["multiple_answers"]
+    p = parse_completion("<answer>1</answer>\n  and more", 1)
+    assert p.answer == "1" and kinds(p) == ["text_after_answer"]
+    assert p.violations[0].position == len("<answer>1</answer>\n  ")
+    assert kinds(parse_completion("<answer>1</answer>\n \n", 1)) == []
+    p = parse_completion("<answer>8 <local>years</answer></local>", 1)
+    assert p.answer == "8 years" and kinds(p) == ["tag_in_answer"]  # </local> comes after the answer
+    p = parse_completion("<answer>8 years", 1)
+    assert p.answer == "8 years" and kinds(p) == ["unclosed_answer"]
+    p = parse_completion("<answer>a<answer>b</answer>", 1)
+    assert p.answer == "ab" and kinds(p) == ["nested_answer"]
+
+
+def test_answer_does_not_change_mode():
+    p = parse_completion("<local><answer>8</answer></local>", 1)
+    assert modes(p) == [("global", ()), ("local", ())]
+    assert p.answer == "8" and p.violations == []
+
+
+def test_thinking_tags_change_nothing():
+    text = '<think>\n<global>plan</global><focus magic_chunks="1">fact</focus>\n</think>\n<answer>x</answer>'
+    thinking = parse_completion(text, 1, thinking=True)
+    plain = parse_completion(text, 1, thinking=False)
+    assert modes(thinking) == modes(plain) == [("global", ()), ("focus", (1,)), ("global", ())]
+    assert thinking.violations == plain.violations == []
+    assert thinking.answer == "x"
+
+
+def test_over_long_focus_tag_is_text():
+    long_tag = '<focus magic_chunks="1"' + " " * MAX_TAG_CHARS + ">"
+    p = parse_completion(long_tag + "x<answer>a</answer>", 3)
+    assert modes(p) == [("global", ())]
+    assert MAX_TAG == MAX_TAG_CHARS
+
+
+def test_state_changes_exactly_at_closing_bracket():
+    parser = ProtocolParser(num_chunks=3)
+    tag = '<focus magic_chunks="2">'
+    for ch in tag[:-1]:
+        assert parser.feed(ch).mode == "global"
+    assert parser.feed(">") == ("focus", (2,))
+
+
+def test_never_raises_on_garbage():
+    for text in ["", "<", ">>>", "</", "<focus", '<focus magic_chunks="', "\x00\ud7ff<answer>", "<" * 1000]:
+        p = parse_completion(text, 0)
+        assert isinstance(p.violations, list)
+
+
+# -- fuzzing --------------------------------------------------------------------------------------
+
+FRAGMENTS = [
+    "<global>", "</global>", "<local>", "</local>", "</focus>", "<answer>", "</answer>", "<think>", "</think>",
+    '<focus magic_chunks="', "<focus magic_chunks='", "<focus", "<focus>", " magic_chunks=", '"', "'", ">", "<", "</",
+    "1", "2", "3", ",", " ", "\n", "x", "é", "<glob", "al>", "<ans", "wer>", "9", "<focused>", "abc", " \t",
+]  # fmt: skip
+
+tag_soup = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=4), max_size=40).map("".join)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=tag_soup, num_chunks=st.integers(0, 4), thinking=st.booleans())
+def test_fuzz_matches_reference(text, num_chunks, thinking):
+    p = parse_completion(text, num_chunks, thinking=thinking)
+    segments, answer, violations = reference_parse(text, num_chunks, thinking)
+    assert [(s.mode, s.chunks, s.start, s.end) for s in p.segments] == segments
+    assert p.answer == answer
+    assert [(v.kind, v.position) for v in p.violations] == violations
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=tag_soup, cuts=st.lists(st.integers(0, 200), max_size=12), thinking=st.booleans())
+def test_fuzz_split_invariance(text, cuts, thinking):
+    """Where the text is split into pieces never changes the result, nor the state at any cut."""
+    whole = parse_completion(text, 3, thinking=thinking)
+    points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    parser = ProtocolParser(3, thinking=thinking)
+    for a, b in zip(points, points[1:]):
+        state = parser.feed(text[a:b])
+        # the state after a prefix equals the state of a fresh parse of that prefix
+        prefix = ProtocolParser(3, thinking=thinking)
+        assert prefix.feed(text[:b]) == state
+    result = parser.finish()
+    assert result.segments == whole.segments
+    assert result.answer == whole.answer
+    assert result.violations == whole.violations
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=tag_soup)
+def test_fuzz_segments_tile_the_text(text):
+    p = parse_completion(text, 3)
+    assert all(s.end > s.start for s in p.segments)
+    assert [s.start for s in p.segments[1:]] == [s.end for s in p.segments[:-1]]
+    if text:
+        assert p.segments[0].start == 0 and p.segments[-1].end == len(text)
+    # adjacent segments differ (equal ones are merged)
+    assert all(a.state != b.state for a, b in zip(p.segments, p.segments[1:]))
