@@ -25,7 +25,12 @@ def test_thinking_demo_parses_cleanly():
 
 def test_console_script(capsys):
     heed = shutil.which("heed") or str(__import__("pathlib").Path(sys.executable).parent / "heed")
-    out = subprocess.run([heed, "protocol", "demo", "--chunks", "3", "--chunk-words", "40"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [heed, "protocol", "demo", "--chunks", "3", "--chunk-words", "40"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "saving" in out.stdout and "8 years" in out.stdout
 
 

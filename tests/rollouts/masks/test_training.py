@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from rollouts.masks import block_training_mask, dense_training_mask, mask_batch, trace_completion, visible_chunks
+from rollouts.masks import (
+    block_training_mask,
+    dense_training_mask,
+    mask_batch,
+    trace_completion,
+    visible_chunks,
+)
 from rollouts.protocol import build_prompt
 
 COMPLETIONS = [
@@ -16,8 +22,15 @@ COMPLETIONS = [
 @pytest.fixture(scope="module")
 def batch_rows(tokenizer, token_table):
     layouts = [
-        build_prompt("Where is the mill?", ["A quiet river. " * 8, "The old mill. " * 9, "Bread. " * 5], tokenizer, block_size=16),
-        build_prompt("What is sold?", ["The baker sells bread. " * 6, "Snow falls. " * 4], tokenizer, block_size=16),
+        build_prompt(
+            "Where is the mill?",
+            ["A quiet river. " * 8, "The old mill. " * 9, "Bread. " * 5],
+            tokenizer,
+            block_size=16,
+        ),
+        build_prompt(
+            "What is sold?", ["The baker sells bread. " * 6, "Snow falls. " * 4], tokenizer, block_size=16
+        ),
     ]
     completion_ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in COMPLETIONS]
     traces = [trace_completion(lay, ids, token_table) for lay, ids in zip(layouts, completion_ids)]
@@ -94,15 +107,25 @@ def test_masked_forward_is_padding_invariant_and_really_masks(batch_rows):
         ids = list(trace.layout.input_ids) + completion_ids[b]
         input_ids[b, start : start + len(ids)] = torch.tensor(ids)
     with torch.no_grad():
-        padded = model(input_ids, attention_mask=dense_training_mask(batch), position_ids=batch.position_ids).logits
+        padded = model(
+            input_ids, attention_mask=dense_training_mask(batch), position_ids=batch.position_ids
+        ).logits
         for b, (trace, start) in enumerate(zip(traces, starts)):
             n = trace.layout.prompt_len + len(trace.row_state)
             alone = mask_batch([trace], [0], n)
-            solo = model(input_ids[b : b + 1, start : start + n], attention_mask=dense_training_mask(alone), position_ids=alone.position_ids).logits
+            solo = model(
+                input_ids[b : b + 1, start : start + n],
+                attention_mask=dense_training_mask(alone),
+                position_ids=alone.position_ids,
+            ).logits
             assert torch.allclose(padded[b, start : start + n], solo[0], atol=1e-5)
             causal = model(input_ids[b : b + 1, start : start + n]).logits
             p = trace.layout.prompt_len
-            masked_rows = [p + j for j in range(len(trace.row_state)) if trace.states[trace.row_state[j]].mode != "global"]
+            masked_rows = [
+                p + j
+                for j in range(len(trace.row_state))
+                if trace.states[trace.row_state[j]].mode != "global"
+            ]
             assert masked_rows, "the completion should have non-global steps"
             # identical up to the first masked row (later global rows read hidden states that were masked)
             before = slice(0, masked_rows[0])

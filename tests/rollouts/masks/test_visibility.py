@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 from rollouts.masks import KVShape, VisibilityTracker, trace_completion, visible_chunks
 from rollouts.protocol import GLOBAL_STATE, LOCAL_STATE, ModeState, build_prompt
 
-DOCS = [f"Document {i}: " + "the baker sells bread at the market near the bridge. " * (3 + i) for i in range(1, 6)]
+DOCS = [
+    f"Document {i}: " + "the baker sells bread at the market near the bridge. " * (3 + i) for i in range(1, 6)
+]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +98,9 @@ def test_trace_accounting(layout, tokenizer, token_table):
 
 
 def test_global_only_completion_saves_nothing(layout, tokenizer, token_table):
-    ids = tokenizer("<global>just thinking about everything</global><answer>3</answer>", add_special_tokens=False)["input_ids"]
+    ids = tokenizer(
+        "<global>just thinking about everything</global><answer>3</answer>", add_special_tokens=False
+    )["input_ids"]
     trace = trace_completion(layout, ids, token_table)
     assert trace.kv_tokens.tolist() == trace.kv_tokens_vanilla.tolist()
     assert trace.saving == 0.0
@@ -139,7 +143,9 @@ def test_kv_bytes():
     assert KVShape(4, 2, 32, 4).bytes_per_token == 2048
     from transformers import Qwen3Config
 
-    cfg = Qwen3Config(num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128, dtype="bfloat16")
+    cfg = Qwen3Config(
+        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128, dtype="bfloat16"
+    )
     shape = KVShape.from_config(cfg)
     assert shape.bytes_per_token == 36 * 2 * 8 * 128 * 2  # Qwen3-8B: 144 KiB per token
     assert shape.kv_bytes(np.array([1, 10])).tolist() == [147456, 1474560]

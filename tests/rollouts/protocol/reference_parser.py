@@ -6,6 +6,7 @@ applies the rules to the tag list. The streaming parser must agree with it on ev
 
 from __future__ import annotations
 
+import itertools
 import re
 
 MAX_TAG = 256  # must equal rollouts.protocol.parser.MAX_TAG_CHARS
@@ -16,7 +17,7 @@ def _tag_regex(thinking: bool) -> re.Pattern:
     if thinking:
         exact += ["<think>", "</think>"]
     # <focus> or <focus + whitespace + up to (MAX_TAG - 8) non-angle chars + '>'
-    focus = r"<focus(?:>|\s[^<>]{0,%d}>)" % (MAX_TAG - 8)
+    focus = r"<focus(?:>|\s[^<>]{0," + str(MAX_TAG - 8) + r"}>)"
     return re.compile("|".join([*map(re.escape, exact), focus]))
 
 
@@ -122,5 +123,5 @@ def reference_parse(text: str, num_chunks: int, thinking: bool = False):
     elif answer_count == 0:
         violations.append(("missing_answer", end))
     bounds = [*changes, (end, None)]
-    segments = [(s[0], s[1], a, b) for (a, s), (b, _) in zip(bounds, bounds[1:]) if b > a]
+    segments = [(s[0], s[1], a, b) for (a, s), (b, _) in itertools.pairwise(bounds) if b > a]
     return segments, answer_text, violations

@@ -21,7 +21,11 @@ def test_falls_back_to_lines_then_sentences_then_words():
     lines = "one two three.\nfour five six.\nseven eight nine."
     assert split_text(lines, 32, chars) == ["one two three.\nfour five six.\n", "seven eight nine."]
     sentences = "Alpha beta gamma. Delta epsilon zeta. Eta theta iota."
-    assert split_text(sentences, 20, chars) == ["Alpha beta gamma.", " Delta epsilon zeta.", " Eta theta iota."]
+    assert split_text(sentences, 20, chars) == [
+        "Alpha beta gamma.",
+        " Delta epsilon zeta.",
+        " Eta theta iota.",
+    ]
     words = "alpha beta gamma delta"
     assert split_text(words, 11, chars) == ["alpha beta", " gamma", " delta"]
 
@@ -37,7 +41,8 @@ def test_bad_target_and_empty_text():
 
 
 text_strategy = st.lists(
-    st.sampled_from(["word", "longerword", " ", "\n", "\n\n", ".", "!", "x" * 30, "é", "\t", "; "]), max_size=80
+    st.sampled_from(["word", "longerword", " ", "\n", "\n\n", ".", "!", "x" * 30, "é", "\t", "; "]),
+    max_size=80,
 ).map("".join)
 
 

@@ -1,5 +1,7 @@
 """The DA tag parser: hand-worked rules, the paper's Acme example, and fuzzing against a reference."""
 
+import itertools
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -45,9 +47,20 @@ def test_acme_example_modes_and_offsets():
     local = ACME.index("<local>") + len("<local>")
     close_local = ACME.index("</local>") + len("</local>")
     starts = [s.start for s in p.segments]
-    assert starts == [0, focus2, close2, focus7, ACME.index("</focus>", focus7) + len("</focus>"), local, close_local]
+    assert starts == [
+        0,
+        focus2,
+        close2,
+        focus7,
+        ACME.index("</focus>", focus7) + len("</focus>"),
+        local,
+        close_local,
+    ]
     assert p.segments[-1].end == len(ACME)
-    assert ACME[p.segments[1].start : p.segments[1].end] == '"Acme Corp was founded in 2003 in San Jose."</focus>'
+    assert (
+        ACME[p.segments[1].start : p.segments[1].end]
+        == '"Acme Corp was founded in 2003 in San Jose."</focus>'
+    )
     assert p.answer == "8 years"
     assert p.violations == []
     assert p.focused_chunks == (2, 7)
@@ -57,19 +70,55 @@ def test_acme_example_modes_and_offsets():
     ("text", "expected_modes", "expected_kinds"),
     [
         # ids: commas and/or spaces, single or double quotes, duplicates and order do not matter
-        ("<focus magic_chunks='3 1,1'>x</focus><answer>a</answer>", [("global", ()), ("focus", (1, 3)), ("global", ())], []),
-        ('<focus magic_chunks = " 2 , 4 ">x</focus><answer>a</answer>', [("global", ()), ("focus", (2, 4)), ("global", ())], []),
+        (
+            "<focus magic_chunks='3 1,1'>x</focus><answer>a</answer>",
+            [("global", ()), ("focus", (1, 3)), ("global", ())],
+            [],
+        ),
+        (
+            '<focus magic_chunks = " 2 , 4 ">x</focus><answer>a</answer>',
+            [("global", ()), ("focus", (2, 4)), ("global", ())],
+            [],
+        ),
         # out-of-range ids are dropped with a violation each
-        ('<focus magic_chunks="0,2,9">x</focus><answer>a</answer>', [("global", ()), ("focus", (2,)), ("global", ())], ["unknown_chunk", "unknown_chunk"]),
+        (
+            '<focus magic_chunks="0,2,9">x</focus><answer>a</answer>',
+            [("global", ()), ("focus", (2,)), ("global", ())],
+            ["unknown_chunk", "unknown_chunk"],
+        ),
         # nothing valid left -> local
-        ('<focus magic_chunks="9">x</focus><answer>a</answer>', [("global", ()), ("local", ()), ("global", ())], ["unknown_chunk", "empty_focus"]),
-        ('<focus magic_chunks="two">x</focus><answer>a</answer>', [("global", ()), ("local", ()), ("global", ())], ["malformed_chunk_id", "empty_focus"]),
-        ("<focus>x</focus><answer>a</answer>", [("global", ()), ("local", ()), ("global", ())], ["empty_focus"]),
-        ('<focus magic_chunks="">x</focus><answer>a</answer>', [("global", ()), ("local", ()), ("global", ())], ["empty_focus"]),
+        (
+            '<focus magic_chunks="9">x</focus><answer>a</answer>',
+            [("global", ()), ("local", ()), ("global", ())],
+            ["unknown_chunk", "empty_focus"],
+        ),
+        (
+            '<focus magic_chunks="two">x</focus><answer>a</answer>',
+            [("global", ()), ("local", ()), ("global", ())],
+            ["malformed_chunk_id", "empty_focus"],
+        ),
+        (
+            "<focus>x</focus><answer>a</answer>",
+            [("global", ()), ("local", ()), ("global", ())],
+            ["empty_focus"],
+        ),
+        (
+            '<focus magic_chunks="">x</focus><answer>a</answer>',
+            [("global", ()), ("local", ()), ("global", ())],
+            ["empty_focus"],
+        ),
         # opening while open switches and records; closing with nothing open records
-        ("<local>a<global>b</global><answer>a</answer>", [("global", ()), ("local", ()), ("global", ())], ["nested_mode"]),
+        (
+            "<local>a<global>b</global><answer>a</answer>",
+            [("global", ()), ("local", ()), ("global", ())],
+            ["nested_mode"],
+        ),
         ("</focus><answer>a</answer>", [("global", ())], ["unmatched_close"]),
-        ("<local>a</focus>b<answer>a</answer>", [("global", ()), ("local", ()), ("global", ())], ["mismatched_close"]),
+        (
+            "<local>a</focus>b<answer>a</answer>",
+            [("global", ()), ("local", ()), ("global", ())],
+            ["mismatched_close"],
+        ),
         ("<local>a<answer>a</answer>", [("global", ()), ("local", ())], ["unclosed_mode"]),
         # plain text that looks like tags
         ("x < 3 and y > 2 <focused> <globalx> <answer>a</answer>", [("global", ())], []),
@@ -164,7 +213,7 @@ def test_fuzz_split_invariance(text, cuts, thinking):
     whole = parse_completion(text, 3, thinking=thinking)
     points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
     parser = ProtocolParser(3, thinking=thinking)
-    for a, b in zip(points, points[1:]):
+    for a, b in itertools.pairwise(points):
         state = parser.feed(text[a:b])
         # the state after a prefix equals the state of a fresh parse of that prefix
         prefix = ProtocolParser(3, thinking=thinking)
