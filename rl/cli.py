@@ -9,6 +9,9 @@ import sys
 def _protocol_demo(args: argparse.Namespace) -> int:
     from rl.demo import run_demo
 
+    if args.chunks < 2:
+        print("heed: error: --chunks must be at least 2 (the demo puts two facts in different chunks)", file=sys.stderr)
+        return 2
     result = run_demo(args.chunks, args.chunk_words, args.block_size, args.thinking, args.seed)
     return 0 if not result["violations"] else 1
 
@@ -37,10 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "chunks", 2) < 2:
-        args_error = "--chunks must be at least 2 (the demo needs two facts in different chunks)"
-        print(f"heed: error: {args_error}", file=sys.stderr)
-        return 2
     return args.func(args)
 
 
