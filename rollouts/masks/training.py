@@ -13,7 +13,8 @@ key's chunk id), then indexed by the query's state. Two forms:
 - ``dense_training_mask``: ``[B, 1, T, T]`` bool (True = attend) for SDPA; ``B * T^2`` bytes
   (8 x 8192^2 = 512 MiB), the path for CPU where FlexAttention has no backward.
 - ``block_training_mask``: a FlexAttention ``BlockMask`` for GPUs; it stores block indices,
-  ``O(B * (T / 128)^2)`` int32, plus the ``[B, S, T]`` bool state table its ``mask_mod`` reads.
+  ``O(B * (T / 128)^2)`` int32, plus the ``[B, S, T]`` bool state table its ``mask_mod`` reads,
+  and is derived at block level (no ``T x T`` evaluation, unlike ``create_block_mask``).
 
 Both carry causality and padding themselves (transformers passes a 4D mask through untouched).
 Padding rows attend to themselves only, so SDPA never sees an all-masked row (which gives NaN).
@@ -88,15 +89,65 @@ def dense_training_mask(batch: MaskBatch) -> torch.Tensor:
 
 
 def block_training_mask(batch: MaskBatch, block_size: int = 128, device: str | torch.device = "cpu"):
-    """A FlexAttention ``BlockMask`` equal to :func:`dense_training_mask` (for GPUs)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """A FlexAttention ``BlockMask`` equal to :func:`dense_training_mask` (for GPUs).
 
-    state_keys = batch.state_keys.to(device)
-    query_state = batch.query_state.to(device)
-    valid = batch.valid.to(device)
-    mask_mod = _mask_mod(state_keys, query_state, valid)
-    b_size, _, seq_len = state_keys.shape
-    return create_block_mask(mask_mod, b_size, None, seq_len, seq_len, device=device, BLOCK_SIZE=block_size)
+    The block structure is derived from the per-state key visibility at block level, never from a
+    ``T x T`` evaluation: a (query block, key block) tile is *full* when every query in it is real and
+    every state present among its queries sees every key in the key block (strictly below the
+    diagonal), *partial* when some query may see some key, and skipped otherwise. Partial tiles are
+    resolved by ``mask_mod`` inside the kernel. ``O(B * (T / block)^2 * S)`` work and memory.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    full, partial = _tile_classes(batch, block_size)
+    kv_num, kv_indices = _tile_indices(partial)
+    full_num, full_indices = _tile_indices(full)
+    seq_len = batch.state_keys.shape[-1]
+    mask_mod = _mask_mod(batch.state_keys.to(device), batch.query_state.to(device), batch.valid.to(device))
+    return BlockMask.from_kv_blocks(
+        kv_num.to(device),
+        kv_indices.to(device),
+        full_num.to(device),
+        full_indices.to(device),
+        BLOCK_SIZE=block_size,
+        mask_mod=mask_mod,
+        seq_lengths=(seq_len, seq_len),
+    )
+
+
+def _tile_classes(batch: MaskBatch, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, nb, nb]`` bool pairs (full, partial) over (query block, key block) tiles."""
+    b_size, n_states, seq_len = batch.state_keys.shape
+    nb = -(-seq_len // block)
+    pad = nb * block - seq_len
+    q_idx = torch.arange(nb)[:, None]
+    k_idx = torch.arange(nb)[None, :]
+    full = torch.zeros(b_size, nb, nb, dtype=torch.bool)
+    partial = torch.zeros(b_size, nb, nb, dtype=torch.bool)
+    for b in range(b_size):
+        valid = torch.nn.functional.pad(batch.valid[b], (0, pad))  # [nb * block], padding is not real
+        keys = torch.nn.functional.pad(batch.state_keys[b], (0, pad)) & valid  # [S, nb * block]
+        seen = keys.view(n_states, nb, block).sum(-1)  # [S, nb]: keys of each block a state sees
+        state_sees_all, state_sees_some = seen == block, seen > 0
+        query_state = torch.nn.functional.pad(batch.query_state[b], (0, pad))
+        present = torch.zeros(nb, n_states, dtype=torch.bool)  # [nb, S]: states among a block's real queries
+        real = valid.nonzero().squeeze(-1)
+        present[real // block, query_state[real]] = True
+        all_real = valid.view(nb, block).all(-1)  # [nb]
+        sees_all = (~present[:, :, None] | state_sees_all[None]).all(1) & all_real[:, None]
+        sees_some = (present[:, :, None] & state_sees_some[None]).any(1)
+        sees_some |= torch.diag(~all_real)  # padding rows attend to themselves
+        full[b] = sees_all & (k_idx < q_idx)
+        partial[b] = sees_some & (k_idx <= q_idx) & ~full[b]
+    return full, partial
+
+
+def _tile_indices(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, nb, nb]`` bool -> per query block the count ``[B, 1, nb]`` and the key-block indices
+    ``[B, 1, nb, nb]`` (selected ones first, ascending), as ``BlockMask.from_kv_blocks`` takes them."""
+    counts = tiles.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return counts[:, None], order[:, None]
 
 
 def _mask_mod(state_keys, query_state, valid):

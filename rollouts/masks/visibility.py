@@ -71,12 +71,14 @@ class VisibilityTracker:
         self.parser = ProtocolParser(layout.num_chunks, thinking=layout.thinking)
         self._text = TokenTextStream(token_table)
         self._chunk_of_block = layout.chunk_of_block
+        self._block_size = layout.block_size
+        self._num_blocks = layout.num_blocks
         self._prompt_blocks: dict[ModeState, np.ndarray] = {}
         self._buffer = np.empty(layout.num_blocks + 64, dtype=np.int32)
         self.state = GLOBAL_STATE
         self.position = layout.prompt_len - 1  # the last forward so far was the prefill's last row
+        self._tail = self.position // self._block_size
         self._n = self._load_prompt_blocks(GLOBAL_STATE)
-        self.text_len = 0
 
     @property
     def visible_blocks(self) -> np.ndarray:
@@ -86,19 +88,19 @@ class VisibilityTracker:
     @property
     def kv_tokens(self) -> int:
         """KV tokens the current forward reads (the ``seq_len`` handed to attention)."""
-        return int(kv_tokens_read(self._n, self.position, self.layout.block_size))
+        return int(kv_tokens_read(self._n, self.position, self._block_size))
 
     def advance(self, token_id: int) -> np.ndarray:
         piece = self._text(token_id)
         if piece:
-            self.text_len += len(piece)
             state = self.parser.feed(piece)
             if state != self.state:
                 self.state = state
                 self._n = self._load_prompt_blocks(state)
         self.position += 1
-        tail = self.position // self.layout.block_size
-        if tail >= self.layout.num_blocks and (self._n == 0 or self._buffer[self._n - 1] != tail):
+        tail = self.position // self._block_size
+        if tail != self._tail:  # generation entered a new block (always past the prompt's blocks)
+            self._tail = tail
             if self._n == len(self._buffer):
                 self._buffer = np.concatenate([self._buffer, np.empty(len(self._buffer), np.int32)])
             self._buffer[self._n] = tail
@@ -118,8 +120,8 @@ class VisibilityTracker:
         if prompt is None:
             vis = visible_chunks(state, self.layout.num_chunks)
             prompt = self._prompt_blocks[state] = np.flatnonzero(vis[self._chunk_of_block]).astype(np.int32)
-        first_gen = self.layout.num_blocks
-        tail = self.position // self.layout.block_size
+        first_gen = self._num_blocks
+        tail = self.position // self._block_size
         n_gen = max(0, tail - first_gen + 1)
         need = len(prompt) + n_gen
         if need > len(self._buffer):

@@ -54,7 +54,7 @@ class PromptLayout:
     block_size: int
     chunk_spans: tuple[tuple[int, int], ...]
     thinking: bool = False
-    style: str = "tool"
+    style: str = field(default="tool", compare=False)  # descriptive: "tool" or "plain"
     chunk_texts: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self):

@@ -139,3 +139,34 @@ def test_mask_batch_rejects_rows_that_do_not_fit(batch_rows):
         mask_batch(traces, starts, seq_len - 1)
     with pytest.raises(ValueError, match="prompt_starts"):
         mask_batch(traces, starts[:1], seq_len)
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+def test_block_structure_matches_create_block_mask(batch_rows, block_size):
+    """Tiles derived at block level equal those of torch's own T x T evaluation of the same mask_mod."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from rollouts.masks.training import _mask_mod
+
+    traces, starts, seq_len, _ = batch_rows
+    batch = mask_batch(traces, starts, seq_len)
+    ours = block_training_mask(batch, block_size=block_size)
+    reference = create_block_mask(
+        _mask_mod(batch.state_keys, batch.query_state, batch.valid),
+        2,
+        None,
+        seq_len,
+        seq_len,
+        device="cpu",
+        BLOCK_SIZE=block_size,
+    )
+    for name in ("kv_num_blocks", "full_kv_num_blocks"):
+        assert torch.equal(getattr(ours, name), getattr(reference, name)), name
+    for num, idx in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices")):
+        counts = getattr(ours, num)
+        for b in range(2):
+            for q in range(counts.shape[-1]):
+                n = int(counts[b, 0, q])
+                assert set(getattr(ours, idx)[b, 0, q, :n].tolist()) == set(
+                    getattr(reference, idx)[b, 0, q, :n].tolist()
+                )
