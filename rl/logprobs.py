@@ -1,0 +1,90 @@
+"""Per-token log-probs of completions under the DA mask: the trainer's side of the rollout contract.
+
+GRPO's importance ratio ``exp(logp_new - logp_old)`` is only meaningful if the trainer computes
+``logp`` under the attention the rollout engine used. This module packs a batch the way TRL does
+(prompts left-padded, completions right-padded), builds the mask from each completion's
+:class:`~rollouts.masks.CompletionTrace` (the shared visibility function, never a second
+definition), and runs one forward:
+
+- ``attn_implementation="sdpa"`` (CPU and GPU): a dense boolean ``[B, 1, T, T]`` mask;
+- ``attn_implementation="flex_attention"`` (GPU training): a FlexAttention ``BlockMask``.
+
+``position_ids`` count real tokens only, so RoPE positions equal the engine's whatever the padding.
+The log-prob of ``g_j`` comes from the logits of position ``prompt_len + j - 1``: the row whose mask is
+the state after ``g_0..g_{j-1}``, exactly the forward that predicted ``g_j`` in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rollouts.masks import CompletionTrace, block_training_mask, dense_training_mask, mask_batch
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """A TRL-style padded batch with its DA mask."""
+
+    input_ids: torch.Tensor  # [B, P + C]: prompts left-padded to P, completions right-padded to C
+    attention_mask: object  # [B, 1, T, T] bool tensor, or a BlockMask
+    position_ids: torch.Tensor  # [B, T]
+    completion_mask: torch.Tensor  # [B, C] bool: real completion tokens
+    prompt_width: int  # P
+
+
+def pack(
+    traces: Sequence[CompletionTrace],
+    completions: Sequence[Sequence[int]],
+    pad_token_id: int,
+    attn_implementation: str = "sdpa",
+    device: str | torch.device = "cpu",
+) -> PackedBatch:
+    """Pad prompts left and completions right, and build the matching DA mask."""
+    if len(traces) != len(completions):
+        raise ValueError(f"{len(traces)} traces but {len(completions)} completions")
+    for i, (trace, ids) in enumerate(zip(traces, completions)):
+        if len(trace.row_state) != len(ids):
+            raise ValueError(
+                f"row {i}: trace covers {len(trace.row_state)} tokens, completion has {len(ids)}"
+            )
+    width = max(t.layout.prompt_len for t in traces)
+    c_width = max((len(c) for c in completions), default=0)
+    input_ids = torch.full((len(traces), width + c_width), pad_token_id, dtype=torch.long)
+    completion_mask = torch.zeros(len(traces), c_width, dtype=torch.bool)
+    starts = []
+    for b, (trace, ids) in enumerate(zip(traces, completions)):
+        start = width - trace.layout.prompt_len
+        starts.append(start)
+        input_ids[b, start:width] = torch.tensor(trace.layout.input_ids)
+        input_ids[b, width : width + len(ids)] = torch.tensor(list(ids), dtype=torch.long)
+        completion_mask[b, : len(ids)] = True
+    batch = mask_batch(traces, starts, width + c_width)
+    if attn_implementation == "flex_attention":
+        mask = block_training_mask(batch, device=device)
+    elif attn_implementation in ("sdpa", "eager"):
+        mask = dense_training_mask(batch).to(device)
+        if attn_implementation == "eager":  # eager adds the mask to the logits: it needs a float mask
+            mask = torch.zeros(mask.shape, device=device).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    else:
+        raise ValueError(
+            f"attn_implementation must be 'sdpa', 'eager' or 'flex_attention', got {attn_implementation!r}"
+        )
+    return PackedBatch(
+        input_ids.to(device), mask, batch.position_ids.to(device), completion_mask.to(device), width
+    )
+
+
+def completion_logprobs(model, packed: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, C]`` log-probs of each completion token under the DA mask (0 at padding)."""
+    logits = model(
+        input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids
+    ).logits
+    # logits at position p predict token p + 1: completion token j is predicted by row P + j - 1
+    width, c_width = packed.prompt_width, packed.completion_mask.shape[1]
+    logits = logits[:, width - 1 : width - 1 + c_width].float() / temperature  # [B, C, V]
+    targets = packed.input_ids[:, width : width + c_width]
+    logps = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    return logps.masked_fill(~packed.completion_mask, 0.0)
