@@ -1,0 +1,136 @@
+"""SFT warm start: teach the protocol on gold DA traces, under the attention the model will have.
+
+A model that has never seen the protocol rarely emits parseable tags (the paper: 58% parse success for
+its smallest model), so RL starts from a short supervised phase on gold traces. Two choices matter:
+
+- the loss is on the completion only (the prompt is context, not a target);
+- every completion position is trained under the DA mask of its own trace: a token written in
+  ``<focus magic_chunks="2">`` cannot see chunks 1 and 3 while it is learned, exactly as at inference.
+  The mask comes from :func:`rl.logprobs.pack`, i.e. from the shared visibility function.
+
+The loop is Hugging Face's ``Trainer`` (so accelerate/DeepSpeed configs apply unchanged) with a
+collator that builds the masked batch; the model computes the shifted cross-entropy from ``labels``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from data.prompts import gold_completion, layout_example
+from rl.logprobs import pack
+from rollouts.masks import trace_completion
+from rollouts.protocol import PromptLayout, token_bytes_table
+
+IGNORE_INDEX = -100
+
+
+def encode_sft_row(example: Mapping, tokenizer, *, block_size: int = 32, thinking: bool = False) -> dict:
+    """Schema row -> the token-level fields the collator needs (msgpack/arrow friendly)."""
+    layout = layout_example(example, tokenizer, block_size=block_size, thinking=thinking)
+    completion = tokenizer(gold_completion(example, thinking), add_special_tokens=False)["input_ids"]
+    return {
+        "prompt_ids": list(layout.input_ids),
+        "chunk_spans": [list(s) for s in layout.chunk_spans],
+        "completion_ids": completion + [tokenizer.eos_token_id],
+        "block_size": block_size,
+        "thinking": thinking,
+    }
+
+
+@dataclass
+class DACollator:
+    """Encoded rows -> ``input_ids``, DA ``attention_mask``, ``position_ids`` and completion-only ``labels``."""
+
+    tokenizer: object
+    attn_implementation: str = "sdpa"
+
+    def __post_init__(self):
+        self._table = token_bytes_table(self.tokenizer)
+
+    def __call__(self, rows: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+        traces, completions = [], []
+        for row in rows:
+            layout = PromptLayout(
+                tuple(row["prompt_ids"]),
+                row["block_size"],
+                tuple(tuple(s) for s in row["chunk_spans"]),
+                bool(row["thinking"]),
+            )
+            completions.append(list(row["completion_ids"]))
+            traces.append(trace_completion(layout, completions[-1], self._table))
+        packed = pack(traces, completions, self.tokenizer.pad_token_id, self.attn_implementation)
+        labels = torch.full_like(packed.input_ids, IGNORE_INDEX)
+        completion_labels = labels[:, packed.prompt_width :]
+        completion_labels[packed.completion_mask] = packed.input_ids[:, packed.prompt_width :][
+            packed.completion_mask
+        ]
+        return {
+            "input_ids": packed.input_ids,
+            "attention_mask": packed.attention_mask,
+            "position_ids": packed.position_ids,
+            "labels": labels,
+        }
+
+
+@dataclass
+class SFTConfig:
+    """Warm-start hyperparameters (defaults: the measured tiny-model recipe in DESIGN.md)."""
+
+    output_dir: str = "runs/sft"  # where checkpoints and logs go
+    max_steps: int = 300  # optimizer steps
+    per_device_batch_size: int = 16  # examples per step (per device)
+    learning_rate: float = 1e-3  # AdamW; 3e-3 was measured worse for the tiny model
+    warmup_steps: int = 100  # linear warm-up
+    weight_decay: float = 0.0
+    logging_steps: int = 10
+    seed: int = 0
+    block_size: int = 32  # KV block size the layouts are aligned to (engine's)
+    thinking: bool = False  # train the <think> form of the gold traces
+    deepspeed: str | None = (
+        None  # path to a DeepSpeed config (configs/deepspeed/*.json), None for plain DDP/CPU
+    )
+
+    def __post_init__(self):
+        for name in ("max_steps", "per_device_batch_size", "logging_steps", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SFTConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"SFTConfig.learning_rate must be > 0, got {self.learning_rate}")
+
+
+def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig, callbacks=()):
+    """Run the warm start; returns the HF ``Trainer`` (its ``state.log_history`` holds the losses)."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    encoded = Dataset.from_list(
+        [
+            encode_sft_row(r, tokenizer, block_size=config.block_size, thinking=config.thinking)
+            for r in train_rows
+        ]
+    )
+    args = TrainingArguments(
+        output_dir=config.output_dir,
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.per_device_batch_size,
+        learning_rate=config.learning_rate,
+        warmup_steps=config.warmup_steps,
+        weight_decay=config.weight_decay,
+        logging_steps=config.logging_steps,
+        seed=config.seed,
+        deepspeed=config.deepspeed,
+        remove_unused_columns=False,  # the collator reads the encoded columns itself
+        report_to=[],
+        save_strategy="no",
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+    )
+    collator = DACollator(tokenizer, model.config._attn_implementation or "sdpa")
+    trainer = Trainer(
+        model=model, args=args, train_dataset=encoded, data_collator=collator, callbacks=list(callbacks)
+    )
+    trainer.train()
+    return trainer
