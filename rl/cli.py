@@ -10,10 +10,30 @@ def _protocol_demo(args: argparse.Namespace) -> int:
     from rl.demo import run_demo
 
     if args.chunks < 2:
-        print("heed: error: --chunks must be at least 2 (the demo puts two facts in different chunks)", file=sys.stderr)
+        print(
+            "heed: error: --chunks must be at least 2 (the demo puts two facts in different chunks)",
+            file=sys.stderr,
+        )
         return 2
     result = run_demo(args.chunks, args.chunk_words, args.block_size, args.thinking, args.seed)
     return 0 if not result["violations"] else 1
+
+
+def _data_build(args: argparse.Namespace) -> int:
+    from data.build import build_dataset
+    from data.config import load_config
+    from data.schema import DataError
+
+    try:
+        dataset = build_dataset(
+            load_config(args.config), args.out, overwrite=args.overwrite, progress=not args.no_progress
+        )
+    except DataError as err:
+        print(f"heed: error: {err}", file=sys.stderr)
+        return 2
+    sizes = ", ".join(f"{name} {len(split)}" for name, split in dataset.items())
+    print(f"wrote {args.out} ({sizes})")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_protocol_demo)
+
+    data = commands.add_parser("data", help="long-context task datasets")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    build = data_commands.add_parser(
+        "build", help="generate and import examples into an HF DatasetDict folder with a dataset card"
+    )
+    build.add_argument(
+        "--config", required=True, help="data config YAML (example: configs/data/default.yaml)"
+    )
+    build.add_argument("--out", required=True, help="output folder (load it with datasets.load_from_disk)")
+    build.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    build.add_argument("--no-progress", action="store_true", help="no progress bar")
+    build.set_defaults(func=_data_build)
     return parser
 
 

@@ -1,0 +1,166 @@
+"""The data build config: documented dataclasses, loaded from YAML and validated on load.
+
+Every key is documented where it is defined (the comment after each field is its help text), and a
+bad config fails before anything is generated, with an error naming the key path to change::
+
+    heed: error: configs/data/default.yaml: tasks[2].params: task niah_multikey: unknown params ['distractors']; ...
+
+An example config is ``configs/data/default.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from .importers import IMPORTERS
+from .schema import METRICS, DataError
+from .tasks import make_task
+
+SPLITS = ("train", "validation", "test")
+OOD_SPLIT = "ood"
+
+
+@dataclass
+class TaskConfig:
+    # A generator: niah_single, niah_multikey, niah_multivalue, niah_multiquery, variable_tracking,
+    # multi_span, aggregation_cwe, aggregation_fwe or variable_assignment.
+    name: str
+    # Generator parameters over the name's defaults (the fields of its class in data/tasks/*.py).
+    params: dict = field(default_factory=dict)
+    # Target context tokens for this task; default: the top-level lengths.
+    lengths: list[int] | None = None
+
+
+@dataclass
+class ImportConfig:
+    source: str  # the file's format: ruler, longbench, longbench_v2, loogle, zeroscrolls
+    path: str  # the file; a relative path is relative to the config file
+    split: str = "test"  # the split its examples go to
+    task: str | None = None  # task name; default: what the source says (row field, folder or file name)
+    metric: str | None = None  # grading metric for every row; default: the importer's mapping
+    limit: int | None = None  # import at most this many rows (the first ones)
+
+
+@dataclass
+class DataConfig:
+    tasks: list[TaskConfig] = field(default_factory=list)  # synthetic generators to run
+    imports: list[ImportConfig] = field(default_factory=list)  # benchmark files to convert
+    seed: int = 0  # every example is a pure function of (seed, task, length, split, index)
+    tokenizer: str = "local"  # "local": the project's BPE (data/tokenizer.py); else a saved HF tokenizer dir
+    chunk_tokens: int = 2048  # magic chunk size in tokens; every document fits in one chunk
+    lengths: list[int] = field(default_factory=lambda: [4096])  # target context tokens (±5%)
+    # Examples per task and length in each split ("train", "validation", "test").
+    splits: dict[str, int] = field(default_factory=lambda: {"train": 100, "validation": 10, "test": 10})
+    ood_examples: int = 10  # examples per task in the "ood" split, for tasks that have one
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_config(path: str | Path) -> DataConfig:
+    """Read and validate a YAML data config; relative import paths resolve against its folder."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"config file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise DataError(f"{path}: invalid YAML: {err}") from None
+    try:
+        config = parse_config(raw or {})
+    except DataError as err:
+        raise DataError(f"{path}: {err}") from None
+    for imp in config.imports:
+        if not Path(imp.path).is_absolute():
+            imp.path = str((path.parent / imp.path).resolve())
+    return config
+
+
+def parse_config(raw: dict) -> DataConfig:
+    """A validated ``DataConfig`` from plain data (``DataError`` names the offending key)."""
+    values = _known(raw, DataConfig, "")
+    config = DataConfig(**{k: v for k, v in values.items() if k not in ("tasks", "imports")})
+    _require(isinstance(config.seed, int) and not isinstance(config.seed, bool), "seed", "must be an integer")
+    _require(
+        isinstance(config.tokenizer, str) and config.tokenizer, "tokenizer", "must be a non-empty string"
+    )
+    _require(_positive_int(config.chunk_tokens), "chunk_tokens", "must be a positive integer")
+    _require(
+        isinstance(config.lengths, list) and config.lengths and all(map(_positive_int, config.lengths)),
+        "lengths",
+        "must be a non-empty list of positive integers",
+    )
+    _require(isinstance(config.splits, dict), "splits", f"must map {SPLITS} to example counts")
+    for name, n in config.splits.items():
+        _require(name in SPLITS, f"splits.{name}", f"is not a split; use {SPLITS}")
+        _require(isinstance(n, int) and not isinstance(n, bool) and n >= 0, f"splits.{name}", "must be >= 0")
+    _require(
+        isinstance(config.ood_examples, int) and config.ood_examples >= 0, "ood_examples", "must be >= 0"
+    )
+
+    tasks = values.get("tasks", [])
+    _require(isinstance(tasks, list), "tasks", "must be a list of {name, params, lengths}")
+    seen = set()
+    for i, item in enumerate(tasks):
+        where = f"tasks[{i}]"
+        item = {"name": item} if isinstance(item, str) else item
+        task = TaskConfig(**_known(item, TaskConfig, where))
+        _require(task.name not in seen, f"{where}.name", f"{task.name} is listed twice; list each task once")
+        seen.add(task.name)
+        _require(isinstance(task.params, dict), f"{where}.params", "must be a mapping")
+        if task.lengths is not None:
+            ok = isinstance(task.lengths, list) and task.lengths and all(map(_positive_int, task.lengths))
+            _require(ok, f"{where}.lengths", "must be a non-empty list of positive integers")
+        try:
+            make_task(task.name, task.params)
+        except DataError as err:
+            raise DataError(f"{where}: {err}") from None
+        config.tasks.append(task)
+
+    imports = values.get("imports", [])
+    _require(isinstance(imports, list), "imports", "must be a list of {source, path, ...}")
+    for i, item in enumerate(imports):
+        where = f"imports[{i}]"
+        imp = ImportConfig(**_known(item, ImportConfig, where))
+        _require(
+            imp.source in IMPORTERS, f"{where}.source", f"{imp.source!r} is not one of {list(IMPORTERS)}"
+        )
+        _require(isinstance(imp.path, str) and imp.path, f"{where}.path", "must be a file path")
+        _require(
+            imp.split in (*SPLITS, OOD_SPLIT), f"{where}.split", f"must be one of {(*SPLITS, OOD_SPLIT)}"
+        )
+        _require(imp.metric is None or imp.metric in METRICS, f"{where}.metric", f"must be one of {METRICS}")
+        _require(
+            imp.limit is None or _positive_int(imp.limit), f"{where}.limit", "must be a positive integer"
+        )
+        config.imports.append(imp)
+    _require(config.tasks or config.imports, "tasks", "the config generates nothing: add tasks or imports")
+    return config
+
+
+def _known(raw, cls, where: str) -> dict:
+    """``raw`` as a dict whose keys are fields of ``cls``, with required fields present."""
+    if not isinstance(raw, dict):
+        raise DataError(f"{where or 'the config'} must be a mapping, got {type(raw).__name__}")
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise DataError(f"unknown key {prefix}{unknown[0]}; known keys: {', '.join(names)}")
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [n for n in required if n not in raw]
+    if missing:
+        raise DataError(f"{where or 'the config'}: missing key {missing[0]!r}")
+    return dict(raw)
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _require(ok, key: str, message: str) -> None:
+    if not ok:
+        raise DataError(f"{key} {message}")

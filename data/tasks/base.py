@@ -1,0 +1,117 @@
+"""What every task generator returns, and how a draft becomes a dataset row.
+
+A task is a small frozen dataclass whose fields are its documented parameters (they come from the
+``params`` of a task in the data config). Its ``draft`` method builds one example from a seeded
+``random.Random``: question, documents, answers, the needles and where they went, and a
+``TracePlan``. ``finalize`` then does what is the same for every task: count tokens, check the
+length promise, write both gold traces, and fill the schema's bookkeeping columns.
+
+Every random choice goes through the ``rng`` handed in, so an example is a pure function of
+(seed, task, target, split, index): the same seed gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..filler import TokenCounter
+from ..packing import LENGTH_TOLERANCE
+from ..schema import DataError, Example
+from ..traces import Read, TracePlan, render_traces
+
+
+@dataclass
+class Draft:
+    """A task's example before bookkeeping. ``leak_keys`` identify its content for split hygiene:
+    no two examples of a dataset share a key (so no needle or question repeats across splits)."""
+
+    question: str
+    documents: list[str]
+    answers: list[str]
+    metric: str
+    evidence_chunks: list[int]
+    plan: TracePlan
+    leak_keys: frozenset[str]
+    needles: list[str] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Task:
+    """Base of the generators. Subclasses add parameters as fields with a comment each."""
+
+    name: str = ""
+    length_targeted: ClassVar[bool] = True  # False: the task sets its own length (Variable Assignment)
+    has_ood: ClassVar[bool] = False  # True: the builder also writes an "ood" split
+
+    def draft(
+        self, rng: random.Random, count: TokenCounter, target_tokens: int, chunk_tokens: int, ood: bool
+    ) -> Draft:
+        raise NotImplementedError
+
+    def check(self, field_name: str, value, ok: bool, hint: str) -> None:
+        """Raise a ``DataError`` naming the parameter when ``ok`` is false."""
+        if not ok:
+            raise DataError(f"task {self.name}: params.{field_name}={value!r} is invalid: {hint}")
+
+
+def finalize(
+    task: str,
+    draft: Draft,
+    *,
+    example_id: str,
+    count: TokenCounter,
+    chunk_tokens: int,
+    target_tokens: int,
+    rng: random.Random,
+) -> Example:
+    """Turn a draft into a validated ``Example`` with token counts and gold traces."""
+    context_tokens = sum(count(draft.documents))
+    if target_tokens and abs(context_tokens - target_tokens) > LENGTH_TOLERANCE * target_tokens:
+        raise DataError(
+            f"{task}: generated {context_tokens} context tokens for target_tokens={target_tokens} "
+            f"(outside ±{LENGTH_TOLERANCE:.0%}); this tokenizer may count text non-additively"
+        )
+    gold, gold_thinking = render_traces(draft.plan, rng)
+    example = Example(
+        id=example_id,
+        task=task,
+        question=draft.question,
+        documents=draft.documents,
+        answers=draft.answers,
+        metric=draft.metric,
+        evidence_chunks=sorted(draft.evidence_chunks),
+        context_tokens=context_tokens,
+        num_chunks=len(draft.documents),
+        gold_completion=gold,
+        gold_completion_thinking=gold_thinking,
+        source="synthetic",
+        needles=draft.needles,
+        chunk_tokens=chunk_tokens,
+        target_tokens=target_tokens,
+        meta=json.dumps(draft.meta, sort_keys=True),
+    )
+    example.validate()
+    return example
+
+
+def reads_in_document_order(documents: list[str], needles: list[str]) -> tuple[Read, ...]:
+    """One ``Read`` per chunk holding needles, quoting them in the order they appear there."""
+    by_chunk: dict[int, list[tuple[int, str]]] = {}
+    for text in needles:
+        for chunk, doc in enumerate(documents, start=1):
+            at = doc.find(text)
+            if at >= 0:
+                by_chunk.setdefault(chunk, []).append((at, text))
+                break
+    return tuple(Read((c,), " ".join(t for _, t in sorted(by_chunk[c]))) for c in sorted(by_chunk))
+
+
+def spread(rng: random.Random, k: int, num_docs: int) -> list[int]:
+    """``k`` document indices, distinct while there are enough documents, in random order."""
+    if k <= num_docs:
+        return rng.sample(range(num_docs), k)
+    return [rng.randrange(num_docs) for _ in range(k)]

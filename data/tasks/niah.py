@@ -1,0 +1,95 @@
+"""Needle in a haystack, in RULER's four variants, with optional distractor needles.
+
+A needle is ``One of the special magic numbers for silver-owl is: 4715293.`` hidden in filler. The
+variants differ in what is asked (RULER, Hsieh et al. 2024):
+
+- ``niah_single``: one key, one value.
+- ``niah_multikey``: one key asked, other keys' needles around it (``num_distractors``); half of them
+  are near misses that share a word with the real key.
+- ``niah_multivalue``: one key with ``num_values`` values, all of them wanted.
+- ``niah_multiquery``: ``num_queries`` keys asked at once, every value wanted.
+
+Graded with ``string_match_all``: every value must appear in the answer. The evidence chunks are the
+chunks holding needles of the asked keys; a distractor's chunk is evidence only if it also holds a
+real needle. The gold trace focuses on the evidence chunks and copies the needles.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ..filler import TokenCounter
+from ..packing import Needle, num_docs_for, pack_documents
+from ..traces import TracePlan
+from .base import Draft, Task, reads_in_document_order, spread
+from .names import distinct_numbers, magic_keys
+
+
+def needle_text(key: str, value: int) -> str:
+    return f"One of the special magic numbers for {key} is: {value}."
+
+
+@dataclass(frozen=True)
+class NeedleInHaystack(Task):
+    name: str = "niah_single"
+    num_queries: int = 1  # keys asked about in one question (RULER multi-query: 4)
+    num_values: int = 1  # values per asked key, all wanted (RULER multi-value: 4)
+    num_distractors: int = 0  # needles of keys nobody asks about (RULER multi-key: 3)
+
+    def __post_init__(self):
+        self.check("num_queries", self.num_queries, self.num_queries >= 1, "must be at least 1")
+        self.check("num_values", self.num_values, self.num_values >= 1, "must be at least 1")
+        self.check("num_distractors", self.num_distractors, self.num_distractors >= 0, "must be >= 0")
+
+    def draft(
+        self, rng: random.Random, count: TokenCounter, target_tokens: int, chunk_tokens: int, ood: bool
+    ) -> Draft:
+        keys = magic_keys(rng, self.num_queries + self.num_distractors, near=(self.num_distractors + 1) // 2)
+        asked, others = keys[: self.num_queries], keys[self.num_queries :]
+        n_real = self.num_queries * self.num_values
+        values = distinct_numbers(rng, n_real + len(others), 1_000_000, 9_999_999)
+        real = [needle_text(k, v) for k, v in zip([k for k in asked for _ in range(self.num_values)], values)]
+        fake = [needle_text(k, v) for k, v in zip(others, values[n_real:])]
+
+        num_docs = num_docs_for(target_tokens, chunk_tokens, min_docs=2)
+        docs_of = spread(rng, len(real) + len(fake), num_docs)
+        needles = [Needle(t, d) for t, d in zip(real + fake, docs_of)]
+        rng.shuffle(needles)  # placement order inside a document is free
+        documents = pack_documents(rng, count, needles, num_docs, target_tokens, chunk_tokens, self.name)
+
+        answers = [str(v) for v in values[:n_real]]
+        return Draft(
+            question=self._question(asked),
+            documents=documents,
+            answers=answers,
+            metric="string_match_all",
+            evidence_chunks=sorted({d + 1 for d in docs_of[:n_real]}),
+            plan=self._plan(documents, real, answers),
+            leak_keys=frozenset([self._question(asked), *real, *fake]),
+            needles=real,
+            meta={"keys": asked, "distractor_keys": others, "distractor_needles": fake},
+        )
+
+    def _question(self, asked: list[str]) -> str:
+        if len(asked) > 1:
+            listed = ", ".join(asked[:-1]) + f" and {asked[-1]}"
+            return f"What are all the special magic numbers for {listed} mentioned in the provided text?"
+        if self.num_values > 1:
+            return f"What are all the special magic numbers for {asked[0]} mentioned in the provided text?"
+        return f"What is the special magic number for {asked[0]} mentioned in the provided text?"
+
+    def _plan(self, documents: list[str], real: list[str], answers: list[str]) -> TracePlan:
+        if self.num_queries > 1:
+            need = "the special magic numbers of each key"
+        elif self.num_values > 1:
+            need = "every special magic number of the key"
+        else:
+            need = "the special magic number"
+        combine = f"The numbers are {', '.join(answers)}." if len(answers) > 1 else ""
+        return TracePlan(
+            answer=", ".join(answers),
+            need=need,
+            reads=reads_in_document_order(documents, real),
+            combine=combine,
+        )

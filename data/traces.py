@@ -1,0 +1,136 @@
+"""Gold DA traces for the supervised warm start: plan in global, read in focus, combine in local, answer.
+
+A task describes *what* a correct reading does as a ``TracePlan`` (which chunks to read and what to
+copy from them, how to combine, the answer); this module writes it as protocol text, drawing the
+wording from small phrase pools so a model learns the protocol rather than one sentence. Two forms:
+
+    non-thinking:  <global>plan</global>
+                   <focus magic_chunks="3">copied needle</focus>
+                   <local>combination</local>
+                   <answer>...</answer>
+    thinking:      <think>
+                   ...the same modes, worded more deliberately...
+                   </think>
+                   <answer>...</answer>
+
+Plans never copy the question's key (DESIGN.md: the tiny model could not learn to copy a rare key
+into ``<global>``); they name the chunks. Reads that depend on each other (a variable chain) are
+*chained*: the model returns to global between them to find the next hop. Independent reads are
+written either as one focus over all their chunks or as back-to-back focuses. Aggregation tasks,
+whose evidence is everywhere, are written as a global survey with no focus at all, and plain
+sequence tasks (Variable Assignment) as just the answer.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+_OPENERS = (
+    "I need {need}.",
+    "The question asks for {need}.",
+    "To answer, I have to find {need}.",
+    "What matters here is {need}.",
+    "First I locate {need}.",
+)
+_WHERE_ONE = (
+    "Magic Chunk {c} has it.",
+    "It is in Magic Chunk {c}.",
+    "Magic Chunk {c} should state it.",
+    "The relevant text is in Magic Chunk {c}.",
+)
+_WHERE_MANY = (
+    "Magic Chunks {cs} hold what I need.",
+    "The facts are in Magic Chunks {cs}.",
+    "I will read Magic Chunks {cs}.",
+    "Magic Chunks {cs} are the ones to read.",
+)
+_CHAIN_START = (
+    "The chain starts in Magic Chunk {c}.",
+    "The first link is in Magic Chunk {c}.",
+    "It begins in Magic Chunk {c}.",
+)
+_NEXT = (
+    "Next, Magic Chunk {c}.",
+    "The next step is in Magic Chunk {c}.",
+    "Now Magic Chunk {c}.",
+    "It continues in Magic Chunk {c}.",
+)
+_SURVEY = (
+    "This needs every Magic Chunk, so I stay in global.",
+    "The answer depends on the whole context; no single chunk is enough.",
+    "Counting needs all of the chunks at once.",
+)
+_COMBINE = ("", "Combining: ", "Putting it together: ", "From the copied facts: ")
+_THINK_PLAN = ("Let me plan where to look. ", "Okay. ", "Let me see which chunks matter. ", "")
+_THINK_CHECK = ("Let me check: ", "Working it out: ", "", "Now I combine what I copied. ")
+
+
+@dataclass(frozen=True)
+class Read:
+    """One extraction: focus on ``chunks`` (1-based) and copy ``quote`` from them."""
+
+    chunks: tuple[int, ...]
+    quote: str
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """What a correct reading of one example does, independent of wording."""
+
+    answer: str  # the text inside <answer>
+    need: str = ""  # what to look for, as a noun phrase ("the special magic number")
+    reads: tuple[Read, ...] = ()
+    combine: str = ""  # the <local> computation; "" for none
+    chained: bool = False  # each read needs the previous one: navigate in global between reads
+    survey: str = ""  # aggregation: work done in global over all chunks instead of reads
+    minimal: bool = False  # plain sequence task: only the answer (and the combine line when thinking)
+
+
+def _chunk_list(chunks) -> str:
+    chunks = list(chunks)
+    return ", ".join(map(str, chunks[:-1])) + f" and {chunks[-1]}" if len(chunks) > 1 else str(chunks[0])
+
+
+def _focus(read: Read) -> str:
+    return f'<focus magic_chunks="{",".join(map(str, read.chunks))}">{read.quote}</focus>'
+
+
+def render_trace(plan: TracePlan, rng: random.Random, thinking: bool) -> str:
+    """One gold completion for ``plan``; the wording is drawn from ``rng``."""
+    answer = f"<answer>{plan.answer}</answer>"
+    if plan.minimal:
+        return f"<think>\n{plan.combine}\n</think>\n{answer}" if thinking else answer
+    lead = rng.choice(_THINK_PLAN) if thinking else ""
+    opener = rng.choice(_OPENERS).format(need=plan.need)
+    segments = []
+    if plan.survey:
+        segments.append(f"<global>{lead}{opener} {rng.choice(_SURVEY)} {plan.survey}</global>")
+    elif plan.chained:
+        where = rng.choice(_CHAIN_START).format(c=_chunk_list(plan.reads[0].chunks))
+        segments.append(f"<global>{lead}{opener} {where}</global>")
+        for i, read in enumerate(plan.reads):
+            if i:
+                segments.append(f"<global>{rng.choice(_NEXT).format(c=_chunk_list(read.chunks))}</global>")
+            segments.append(_focus(read))
+    else:
+        chunks = sorted({c for r in plan.reads for c in r.chunks})
+        if len(chunks) == 1:
+            where = rng.choice(_WHERE_ONE).format(c=chunks[0])
+        else:
+            where = rng.choice(_WHERE_MANY).format(cs=_chunk_list(chunks))
+        segments.append(f"<global>{lead}{opener} {where}</global>")
+        if len(plan.reads) > 1 and rng.random() < 0.5:
+            segments.append(_focus(Read(tuple(chunks), " ".join(r.quote for r in plan.reads))))
+        else:
+            segments.extend(_focus(r) for r in plan.reads)
+    if plan.combine:
+        prefix = rng.choice(_THINK_CHECK) if thinking else rng.choice(_COMBINE)
+        segments.append(f"<local>{prefix}{plan.combine}</local>")
+    body = "\n".join(segments)
+    return f"<think>\n{body}\n</think>\n{answer}" if thinking else f"{body}\n{answer}"
+
+
+def render_traces(plan: TracePlan, rng: random.Random) -> tuple[str, str]:
+    """(non-thinking, thinking) gold completions, worded independently."""
+    return render_trace(plan, rng, thinking=False), render_trace(plan, rng, thinking=True)

@@ -1,0 +1,38 @@
+"""Generate one example the way the builder does, for tests that check it independently."""
+
+from __future__ import annotations
+
+import random
+
+from data.filler import TokenCounter
+from data.tasks import finalize, make_task
+
+LENGTH_TASKS = (
+    "niah_single",
+    "niah_multikey",
+    "niah_multivalue",
+    "niah_multiquery",
+    "variable_tracking",
+    "multi_span",
+    "aggregation_cwe",
+    "aggregation_fwe",
+)
+
+
+def generate(
+    tokenizer, task: str, target: int, seed: int = 0, chunk_tokens: int = 128, params=None, ood=False
+):
+    generator = make_task(task, params)
+    count = TokenCounter(tokenizer)
+    rng = random.Random(f"test/{seed}/{task}/{target}")
+    target = target if generator.length_targeted else 0
+    draft = generator.draft(rng, count, target, chunk_tokens, ood=ood)
+    return finalize(
+        task,
+        draft,
+        example_id=f"{task}-{seed}",
+        count=count,
+        chunk_tokens=chunk_tokens,
+        target_tokens=target,
+        rng=rng,
+    )

@@ -1,0 +1,41 @@
+"""Packing needles into filler documents: placement, the length promise, and impossible requests."""
+
+import random
+
+import pytest
+
+from data.filler import TokenCounter, filler_sentence
+from data.packing import Needle, pack_documents
+from data.schema import DataError
+
+
+def test_needles_land_in_their_documents_and_the_total_hits_the_target(tokenizer):
+    count = TokenCounter(tokenizer)
+    needles = [
+        Needle("The vault code is 4471.", 0),
+        Needle("The door code is 9012.", 2),
+        Needle("Bring a lamp.", 2),
+    ]
+    docs = pack_documents(random.Random(0), count, needles, 4, 1000, 400, "test")
+    assert len(docs) == 4
+    assert [i for i, d in enumerate(docs) if "vault code" in d] == [0]
+    assert [i for i, d in enumerate(docs) if "door code" in d] == [2]
+    assert docs[2].index("door code") < docs[2].index("Bring a lamp.")  # the given order is kept
+    total = sum(len(tokenizer(d, add_special_tokens=False)["input_ids"]) for d in docs)
+    assert abs(total - 1000) <= 50
+    assert all(len(tokenizer(d, add_special_tokens=False)["input_ids"]) <= 400 for d in docs)
+
+
+def test_filler_carries_nothing_a_needle_is_made_of():
+    rng = random.Random(0)
+    for _ in range(500):
+        sentence = filler_sentence(rng)
+        assert not any(ch.isdigit() for ch in sentence) and "=" not in sentence and "-" not in sentence
+
+
+def test_a_target_shorter_than_the_needles_is_a_clear_error(tokenizer):
+    needles = [Needle("One of the special magic numbers for silver-owl is: 4715293.", 0)] * 4
+    with pytest.raises(DataError, match=r"target_tokens=40 is too short"):
+        pack_documents(random.Random(0), TokenCounter(tokenizer), needles, 2, 40, 400, "niah")
+    with pytest.raises(DataError, match=r"chunk_tokens=20 is too small"):
+        pack_documents(random.Random(0), TokenCounter(tokenizer), needles[:2], 2, 400, 20, "niah")
