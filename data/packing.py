@@ -80,6 +80,12 @@ def pack_documents(
             sentences.insert(slot + offset, text)
         docs.append(sentences)
         produced += size + per_doc[i]
+    if produced > target_tokens * (1 + LENGTH_TOLERANCE):
+        # filler is always cut to its quota, so only needles crowding a document's share get here
+        raise DataError(
+            f"{task}: target_tokens={target_tokens} is too short for its needles spread over {num_docs} "
+            f"documents (they force {produced} tokens); raise the length or lower the number of needles"
+        )
     return _fit_chunks(docs, count, chunk_tokens, {n.text for n in needles})
 
 

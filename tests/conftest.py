@@ -1,6 +1,15 @@
 """Session-wide fixtures shared by every test package."""
 
+import os
+
 import pytest
+from hypothesis import settings
+
+# CI runs every property test on a fixed example sequence (a red CI must be reproducible); local runs
+# explore new random examples each time, which is how the fuzzers find new cases.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 @pytest.fixture(scope="session")
