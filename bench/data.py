@@ -5,7 +5,7 @@ length check and both gold traces), one at a time on one process. The tokenizer 
 byte-level BPE built locally (``data/tokenizer.py``), so nothing is downloaded. Prints a markdown
 table; ``bench/BENCHMARKS.md`` records it with the command that produced it.
 
-    .venv/bin/python bench/data.py [--examples-4k 40] [--examples-32k 10] [--chunk-tokens 2048]
+    .venv/bin/python -m bench.data [--examples-4k 40] [--examples-32k 10] [--chunk-tokens 2048]
 """
 
 from __future__ import annotations
@@ -14,11 +14,7 @@ import argparse
 import os
 import platform
 import random
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data.filler import TokenCounter
 from data.tasks import TASKS, finalize, make_task

@@ -28,8 +28,8 @@ The peer package is installed for this benchmark only (it is not a dependency of
 
 Run::
 
-    .venv/bin/python bench/protocol.py                    # the recorded run (about a minute on 2 cores, 6 GB peak)
-    .venv/bin/python bench/protocol.py --tokens 10000 --seq-len 2048 --train-prompt 1536   # quick, ~10 s
+    .venv/bin/python -m bench.protocol                    # the recorded run (about a minute on 2 cores, 6 GB peak)
+    .venv/bin/python -m bench.protocol --tokens 10000 --seq-len 2048 --train-prompt 1536   # quick, ~10 s
 """
 
 from __future__ import annotations

@@ -1,0 +1,68 @@
+"""Rewards for DA post-training: accuracy, gated KV-read efficiency, protocol compliance, coverage.
+
+- ``accuracy``: per-example graders (RULER string match, exact, F1, numeric, math-verify) of the
+  parsed ``<answer>``.
+- ``efficiency``: ``1 - attended / vanilla`` KV reads in tokens, bytes or roofline decoding time.
+- ``compliance``: protocol compliance and evidence coverage from the parser's result.
+- ``composite``: the weighted, gated total with every component and counted reasons, over
+  trajectories; ``config``: its documented, validated configuration.
+- ``trl_rewards``: the same as TRL reward functions (``prompts, completions, **columns``).
+"""
+
+from .accuracy import METRICS, Grade, GraderOptions, Ungradable, grade
+from .compliance import compliance, evidence_coverage, narrowed_chunks
+from .composite import (
+    COMPONENTS,
+    RewardBatch,
+    RewardBreakdown,
+    score_parsed,
+    score_trajectories,
+    score_trajectory,
+)
+from .config import RewardConfig
+from .efficiency import EFFICIENCY_UNITS, DecodeCost, KVReads, Roofline, decode_seconds, kv_bytes, kv_saving
+from .trl_rewards import (
+    ComponentReward,
+    DAReward,
+    accuracy_reward,
+    completion_text,
+    compliance_reward,
+    coverage_reward,
+    da_reward,
+    efficiency_reward,
+    trl_reward_functions,
+)
+
+__all__ = [
+    "COMPONENTS",
+    "EFFICIENCY_UNITS",
+    "METRICS",
+    "ComponentReward",
+    "DAReward",
+    "DecodeCost",
+    "Grade",
+    "GraderOptions",
+    "KVReads",
+    "RewardBatch",
+    "RewardBreakdown",
+    "RewardConfig",
+    "Roofline",
+    "Ungradable",
+    "accuracy_reward",
+    "completion_text",
+    "compliance",
+    "compliance_reward",
+    "coverage_reward",
+    "da_reward",
+    "decode_seconds",
+    "efficiency_reward",
+    "evidence_coverage",
+    "grade",
+    "kv_bytes",
+    "kv_saving",
+    "narrowed_chunks",
+    "score_parsed",
+    "score_trajectories",
+    "score_trajectory",
+    "trl_reward_functions",
+]

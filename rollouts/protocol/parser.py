@@ -95,6 +95,16 @@ def _prefixes(words) -> frozenset[str]:
     return frozenset(w[:i] for w in words for i in range(1, len(w) + 1))
 
 
+# (exact tags, every prefix of a tag) for non-thinking and thinking mode, built once
+_TAGS = {
+    thinking: (exact, _prefixes([*exact, _FOCUS_HEAD]))
+    for thinking, exact in (
+        (False, frozenset({*_MODE_TAGS, *_CLOSE_TAGS, *_ANSWER_TAGS})),
+        (True, frozenset({*_MODE_TAGS, *_CLOSE_TAGS, *_ANSWER_TAGS, *_THINK_TAGS})),
+    )
+}
+
+
 @dataclass(frozen=True)
 class Segment:
     """A span of completion characters ``[start, end)`` predicted under one mode."""
@@ -142,8 +152,7 @@ class ProtocolParser:
     def __post_init__(self):
         if self.num_chunks < 0:
             raise ValueError(f"num_chunks must be >= 0, got {self.num_chunks}")
-        self._exact = {*_MODE_TAGS, *_CLOSE_TAGS, *_ANSWER_TAGS, *(_THINK_TAGS if self.thinking else ())}
-        self._tag_prefixes = _prefixes([*self._exact, _FOCUS_HEAD])
+        self._exact, self._tag_prefixes = _TAGS[bool(self.thinking)]
         self._consumed = 0  # characters fully read (as text or as a completed tag)
         self._pending = ""  # a candidate tag that is not complete yet, starting with "<"
         self._open_mode: str | None = None

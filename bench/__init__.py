@@ -1,0 +1,1 @@
+"""Benchmarks. Run each from the repository root as a module: ``.venv/bin/python -m bench.protocol``."""

@@ -1,0 +1,75 @@
+"""RewardConfig: documented, validated, and errors that name the field to fix."""
+
+import dataclasses
+
+import pytest
+
+from rewards.accuracy import GraderOptions
+from rewards.config import RewardConfig
+from rewards.efficiency import Roofline
+
+
+def test_every_field_has_help_text():
+    for f in dataclasses.fields(RewardConfig):
+        assert len(f.metadata.get("help", "")) > 20, f.name
+
+
+def test_defaults():
+    config = RewardConfig()
+    assert (
+        config.accuracy_weight,
+        config.efficiency_weight,
+        config.compliance_weight,
+        config.coverage_weight,
+    ) == (
+        1.0,
+        0.5,
+        0.25,
+        0.25,
+    )
+    assert config.roofline == Roofline(8e12, 2.25e15, 0.4, 0.7)
+    assert config.grader_options == GraderOptions()
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("accuracy_weight", -1.0, "RewardConfig.accuracy_weight must be >= 0, got -1.0"),
+        ("efficiency_weight", float("nan"), "RewardConfig.efficiency_weight must be a finite number"),
+        ("coverage_weight", "0.5", "RewardConfig.coverage_weight must be a finite number, got '0.5'"),
+        ("efficiency_min_accuracy", 1.5, "RewardConfig.efficiency_min_accuracy must be in [0, 1], got 1.5"),
+        ("efficiency_min_coverage", -0.1, "RewardConfig.efficiency_min_coverage must be in [0, 1]"),
+        (
+            "efficiency_requires_compliance",
+            1,
+            "RewardConfig.efficiency_requires_compliance must be true or false",
+        ),
+        (
+            "efficiency_unit",
+            "joules",
+            "RewardConfig.efficiency_unit must be one of ('tokens', 'bytes', 'time')",
+        ),
+        ("hbm_bandwidth", 0.0, "RewardConfig.hbm_bandwidth must be > 0, got 0.0"),
+        ("mfu", 1.2, "RewardConfig.mfu must be in (0, 1], got 1.2"),
+        ("mbu", 0.0, "RewardConfig.mbu must be in (0, 1], got 0.0"),
+        ("numeric_rel_tol", -1e-6, "RewardConfig.numeric_rel_tol must be >= 0"),
+        ("answer_length_factor", 0.5, "RewardConfig.answer_length_factor must be >= 1, got 0.5"),
+        ("answer_length_slack", 2.5, "RewardConfig.answer_length_slack must be an integer, got 2.5"),
+        ("math_timeout_s", True, "RewardConfig.math_timeout_s must be a finite number, got True"),
+        ("thinking", "yes", "RewardConfig.thinking must be true or false, got 'yes'"),
+    ],
+)
+def test_bad_values_name_the_field(field, value, message):
+    with pytest.raises(ValueError) as err:
+        RewardConfig(**{field: value})
+    assert str(err.value).startswith(message)
+
+
+def test_from_dict_rejects_unknown_keys_with_a_suggestion():
+    assert RewardConfig.from_dict({"mfu": 0.5, "efficiency_unit": "time"}) == RewardConfig(
+        mfu=0.5, efficiency_unit="time"
+    )
+    with pytest.raises(ValueError, match="no field 'mbw' "):
+        RewardConfig.from_dict({"mbw": 0.5})
+    with pytest.raises(ValueError, match=r"did you mean 'efficiency_min_accuracy'\?"):
+        RewardConfig.from_dict({"efficiency_min_acuracy": 0.5})
