@@ -1,0 +1,149 @@
+"""KV eviction under per-layer budgets: one mechanism, small scoring policies.
+
+Selective Attention's context pruning (paper §4): layer ``l`` holds at most ``K_l`` tokens. While it holds
+fewer, nothing happens; once it holds ``K_l``, each arriving token first evicts one held token -- the one
+with the largest accumulated mask ``F`` (:mod:`rollouts.selective`) in the arriving token's row -- and
+then enters. So the arriving token attends to exactly ``K_l`` tokens, itself included, and an evicted
+token never comes back. The first token (<BOS>) is never evicted; ties go to the oldest token.
+
+Which token leaves is the only thing a policy decides: a policy is a small dataclass with one method,
+``scores(held) -> [b, kept]``, and the largest score is evicted. The baselines the paper compares with are
+one class each, over the same mechanism and the same budgets:
+
+- :class:`SelectiveEviction` -- the most-masked token (largest ``F``), the paper's rule.
+- :class:`H2OEviction` -- H2O-style (Zhang et al., 2023): the token that received the least attention mass
+  so far (summed over queries, averaged over heads). The original also pins a recent window; not here.
+- :class:`TOVAEviction` -- TOVA-style (Oren et al., 2024): the token the latest query attended to least
+  (averaged over heads). The original scores with the arriving query's attention over ``K + 1`` tokens;
+  here the arriving token always enters and the previous query's attention decides, so every policy
+  reads at most ``K_l`` tokens per step.
+
+For Selective Attention the decision needs only ``F``, and ``F`` in a layer does not depend on that
+layer's own eviction (head 0's logits come from the layer's input). So a whole sequence's evictions can be
+worked out from the dense ``F`` at once: :func:`selective_keep_mask` gives, per layer, which keys each
+query still holds -- the same tokens a decoding loop with a compacted cache would hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+MIN_BUDGET = 2  # <BOS>, which is never evicted, and the arriving token itself
+CONFIG_KEY = "selective_budgets"  # where a checkpoint's config.json keeps its per-layer budgets
+
+
+@dataclass
+class HeldTokens:
+    """What a policy may look at about the tokens one layer holds: all ``[b, kept]``, in cache order."""
+
+    mask: torch.Tensor  # F row of the arriving token: how much the held tokens have been masked
+    attention_sum: torch.Tensor  # attention each held token has received so far (summed over queries)
+    last_attention: torch.Tensor  # attention the latest query paid to each held token
+
+
+@dataclass
+class EvictionPolicy:
+    """Scores the held tokens of one layer; the largest score is evicted (never <BOS>)."""
+
+    def scores(self, held: HeldTokens) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass
+class SelectiveEviction(EvictionPolicy):
+    """Selective Attention (paper §4): evict the most-masked token."""
+
+    def scores(self, held: HeldTokens) -> torch.Tensor:
+        return held.mask
+
+
+@dataclass
+class H2OEviction(EvictionPolicy):
+    """H2O-style: keep the heavy hitters, evict the token with the least accumulated attention."""
+
+    def scores(self, held: HeldTokens) -> torch.Tensor:
+        return -held.attention_sum
+
+
+@dataclass
+class TOVAEviction(EvictionPolicy):
+    """TOVA-style: evict the token the latest query attended to least."""
+
+    def scores(self, held: HeldTokens) -> torch.Tensor:
+        return -held.last_attention
+
+
+POLICIES = {"selective": SelectiveEviction, "h2o": H2OEviction, "tova": TOVAEviction}
+
+
+def check_budgets(budgets: int | Sequence[int], num_layers: int) -> tuple[int, ...]:
+    """Per-layer budgets ``K_l`` as a tuple, one per layer (an int means the same for every layer)."""
+    if isinstance(budgets, int) and not isinstance(budgets, bool):
+        budgets = [budgets] * num_layers
+    budgets = list(budgets)
+    if len(budgets) != num_layers:
+        raise ValueError(
+            f"got {len(budgets)} KV budgets for a model with {num_layers} layers: give exactly one per layer"
+        )
+    for layer, k in enumerate(budgets):
+        if isinstance(k, bool) or not isinstance(k, int) or k < MIN_BUDGET:
+            raise ValueError(
+                f"KV budget of layer {layer} is {k!r}: budgets are integers >= {MIN_BUDGET} "
+                "(a layer always holds <BOS> and the arriving token)"
+            )
+    return tuple(budgets)
+
+
+def save_budgets(config, budgets: int | Sequence[int]) -> None:
+    """Store validated per-layer budgets in a model config; ``save_pretrained`` writes them out."""
+    setattr(config, CONFIG_KEY, list(check_budgets(budgets, config.num_hidden_layers)))
+
+
+def load_budgets(config) -> tuple[int, ...] | None:
+    """The per-layer budgets a model config carries (validated), or ``None``."""
+    budgets = getattr(config, CONFIG_KEY, None)
+    return None if budgets is None else check_budgets(list(budgets), config.num_hidden_layers)
+
+
+def evict_index(scores: torch.Tensor, evictable: torch.Tensor) -> torch.Tensor:
+    """``[b]`` the position to evict: the largest score among ``evictable`` (the oldest on ties).
+
+    ``scores``, ``evictable``: ``[b, m]``. The mechanism every policy goes through.
+    """
+    return scores.float().masked_fill(~evictable, float("-inf")).argmax(-1)
+
+
+def selective_keep_mask(
+    mask: torch.Tensor, budget: int, padding_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[b, n, n]`` bool: which keys each query of one layer still holds under budget ``K``.
+
+    ``mask``: the layer's ``F`` ``[b, n, n]``; ``padding_mask`` ``[b, n]`` (True = real token; padding
+    never enters the cache, and <BOS> is each row's first real token). Row ``i`` is the held set when
+    token ``i`` attends (it includes ``i``): the paper's greedy eviction replayed position by position.
+    """
+    b, n, _ = mask.shape
+    if budget < MIN_BUDGET:
+        raise ValueError(f"budget must be >= {MIN_BUDGET}, got {budget}")
+    real = (
+        torch.ones(b, n, dtype=torch.bool, device=mask.device)
+        if padding_mask is None
+        else padding_mask.to(device=mask.device, dtype=torch.bool)
+    )
+    rows = torch.arange(b, device=mask.device)
+    bos = real.int().argmax(-1)  # [b]
+    held = torch.zeros(b, n, dtype=torch.bool, device=mask.device)
+    keep = torch.zeros(b, n, n, dtype=torch.bool, device=mask.device)
+    for i in range(n):
+        arriving = real[:, i]
+        full = arriving & (held.sum(-1) >= budget)  # [b]
+        evictable = held.clone()
+        evictable[rows, bos] = False
+        victim = evict_index(mask[:, i], evictable)
+        held[rows[full], victim[full]] = False
+        held[:, i] = arriving
+        keep[:, i] = held
+    return keep

@@ -1,0 +1,278 @@
+"""Selective Attention inside Hugging Face decoder models (Llama, Qwen2, Qwen3; GQA included).
+
+The model change is one attention function, registered with transformers' attention registry under
+:data:`SELECTIVE` (``"heed_selective"``). Per layer it computes head 0's raw logits
+``q_0 k_0^T / sqrt(d_k)`` (query head 0 and the KV head it shares under GQA), turns them into the
+accumulated mask ``F`` (:mod:`rollouts.selective`, the single source of truth) under the incoming attention
+mask, and runs SDPA with ``-F`` as an additive bias, so every head's logits become ``logits - F`` before
+the softmax (paper eq. 1). The mask transformers hands in (causal and padding, or a Declarative Attention
+4D bool or float mask) is respected twice: a key a query cannot see is neither attended nor selected.
+:data:`STANDARD` (``"heed_standard"``) is the same function without ``F``: the baseline model of eviction
+comparisons, which can report its attention probabilities to H2O / TOVA scoring.
+
+It lives in ``rollouts`` because both sides need the same function: the reference rollout engine and the
+trainer's log-prob forward (``rl/selective_model.py`` adds the training side: L_mem, budget search).
+
+Using it (one import registers the functions and teaches ``from_pretrained`` the config flag)::
+
+    import rollouts.selective_attention as sa
+    config = sa.enable_selective_attention(Qwen3Config(...))    # selective_attention: true
+    model = Qwen3ForCausalLM(config)                             # config._attn_implementation == "heed_selective"
+    model.save_pretrained(path)                                  # config.json keeps "selective_attention": true
+    model = AutoModelForCausalLM.from_pretrained(path)           # Selective Attention again
+
+``from_pretrained`` of a checkpoint whose config says ``selective_attention: true`` picks this function
+once this module has been imported (it wraps ``PreTrainedModel.get_correct_attn_implementation``, the
+place every model asks which attention to use). Without the import the flag is ignored and the model
+runs standard attention -- so import it (``rl`` and the rollout engines do) before loading. Asking for
+any other implementation on such a checkpoint is an error, as is the flag on an unsupported
+architecture or with sliding-window layers.
+
+Decoding with a KV cache needs ``F``'s per-key running sums from earlier steps, kept in one
+:class:`AttentionState` per generation: pass it to the forward,
+``model(ids, past_key_values=cache, heed_state=state)``, or bind it around ``generate`` (which rejects
+unknown keyword arguments)::
+
+    with sa.bind_state(model):
+        model.generate(ids, max_new_tokens=32)          # greedy or sampling; beam search is unsupported
+
+A forward with an empty cache (a prefill or a training forward) needs no state; the state is also how a
+forward records L_mem's peak memory, replays KV eviction under budgets, and reports attention.
+
+Memory, per layer: ``S``, ``F`` and the bias are ``[b, q, kv]`` each (float32 for ``S``/``F``; ``S`` is
+kept for the backward); SDPA's CPU math path materialises the logits and probabilities ``[b, h, q, kv]``
+as eager attention does, while on GPUs the memory-efficient SDPA kernel takes the bias without the
+``[b, h, q, kv]`` logits. A fused kernel that carries ``F`` as per-key column sums (never ``n x n``) is
+the next step for long contexts. Replayed eviction adds a ``[b, n, n]`` bool keep mask per layer.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F_nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .eviction import selective_keep_mask
+from .selective import MaskAccumulator, causal_visibility, effective_memory
+
+SELECTIVE = "heed_selective"  # the Selective Attention implementation's registered name
+STANDARD = "heed_standard"  # plain softmax attention that can report to an AttentionState (baselines)
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # their attention modules call the registry uniformly
+
+
+@dataclass
+class AttentionState:
+    """What the attention functions carry across forward calls of one batch, and what they record.
+
+    Pass it as ``heed_state=`` to the model's forward (or bind it with :func:`bind_state`). Every field is
+    optional; a training forward needs none of them.
+
+    - ``accumulators``: per layer, the running per-key sums of ``S`` (the next query's ``F`` row); needed
+      to decode Selective Attention with a KV cache. A forward with an empty cache starts them afresh.
+    - ``tau``: when set, record ``peak_memory[layer]`` ``[b]``, the peak effective memory ``max_i M_i``
+      (:func:`rollouts.selective.effective_memory`), for L_mem.
+    - ``budgets``: per-layer KV budgets replayed inside a full forward (no cache): each query sees only the
+      keys :func:`rollouts.eviction.selective_keep_mask` says its layer still holds, as a decoding loop with
+      eviction would. ``padding_mask`` ``[b, n]`` (True = real token) tells it which tokens enter the cache;
+      without it a token is real when it may attend to itself (true of transformers' padding masks).
+    - ``record_attention``: record ``attention[layer]`` ``[b, q, kv]``, the softmax probabilities averaged
+      over heads (the H2O / TOVA eviction scores).
+    - ``kv_reads[layer]`` ``[b, q]``: the keys each query read, always recorded.
+    """
+
+    accumulators: dict[int, MaskAccumulator] = field(default_factory=dict)
+    tau: float | None = None
+    peak_memory: dict[int, torch.Tensor] = field(default_factory=dict)
+    budgets: tuple[int, ...] | None = None
+    padding_mask: torch.Tensor | None = None
+    record_attention: bool = False
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)
+    kv_reads: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def _visible_and_bias(attention_mask: torch.Tensor | None, q: int, kv: int, device) -> tuple:
+    """``visible`` ``[b|1, q, kv]`` bool and the additive part of a float mask (or 0), from an HF mask."""
+    causal = causal_visibility(q, kv, device)[None]
+    if attention_mask is None:
+        return causal, 0.0
+    mask = attention_mask[:, 0, :, :kv] if attention_mask.ndim == 4 else attention_mask[..., :kv]
+    if mask.dtype == torch.bool:
+        return causal & mask, 0.0
+    # An additive float mask: 0 (or a bias) where allowed, a large negative number where not.
+    allowed = mask > torch.finfo(mask.dtype).min / 2
+    return causal & allowed, torch.where(allowed, mask.float(), 0.0)
+
+
+def _selective_mask(module, query, key, visible, scaling, state: AttentionState | None) -> tuple:
+    """``F`` ``[b, q, kv]`` of this layer from head 0, and ``visible`` narrowed by replayed eviction."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    layer = module.layer_idx
+    head0 = torch.matmul(query[:, 0].float(), key[:, 0].float().transpose(-1, -2)) * scaling  # [b, q, kv]
+    if q_len == kv_len:  # nothing cached before these queries: the sequence starts here
+        accumulator = MaskAccumulator()
+        if state is not None:
+            state.accumulators[layer] = accumulator
+    elif state is None or layer not in state.accumulators:
+        raise ValueError(
+            "Selective Attention over a KV cache needs the running mask of the earlier tokens: pass "
+            "heed_state=AttentionState() (one per generation) to the forward, or wrap generate() in "
+            "`with rollouts.selective_attention.bind_state(model):`"
+        )
+    else:
+        accumulator = state.accumulators[layer]
+    mask = accumulator.step(head0, visible)
+    if state is None:
+        return mask, visible
+    if state.tau is not None:
+        state.peak_memory[layer] = effective_memory(mask, visible, state.tau).amax(-1)
+    if state.budgets is not None and q_len == kv_len:
+        if layer >= len(state.budgets):
+            raise ValueError(
+                f"AttentionState has {len(state.budgets)} budgets but the model has layer {layer}"
+            )
+        real = state.padding_mask
+        if real is None:
+            real = visible.diagonal(dim1=-2, dim2=-1).expand(mask.shape[0], kv_len)
+        visible = visible & selective_keep_mask(mask, state.budgets[layer], real)
+    return mask, visible
+
+
+def _attention(module, query, key, value, attention_mask, scaling, dropout, heed_state, selective):
+    q_len, kv_len = query.shape[2], key.shape[2]
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    state = heed_state if heed_state is not None else getattr(module, "heed_state", None)
+    visible, bias = _visible_and_bias(attention_mask, q_len, kv_len, query.device)  # [b|1, q, kv]
+    if selective:
+        mask, visible = _selective_mask(module, query, key, visible, scaling, state)
+        bias = bias - mask
+    bias = torch.where(visible, bias, torch.finfo(query.dtype).min).to(query.dtype)[:, None]  # [b, 1, q, kv]
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)  # [b, h, kv, d]: query head i reads KV head i // groups
+    value = value.repeat_interleave(groups, dim=1)
+    if state is not None:
+        state.kv_reads[module.layer_idx] = visible.sum(-1).expand(query.shape[0], q_len)
+    if state is not None and state.record_attention:
+        probs = (torch.matmul(query, key.transpose(-1, -2)) * scaling + bias).softmax(-1)  # [b, h, q, kv]
+        state.attention[module.layer_idx] = probs.float().mean(1)
+        out = torch.matmul(F_nn.dropout(probs, dropout), value)
+    else:
+        out = F_nn.scaled_dot_product_attention(
+            query, key, value, attn_mask=bias, dropout_p=dropout, scale=scaling
+        )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def selective_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [b, h, q, d]
+    key: torch.Tensor,  # [b, kv_heads, kv, d]
+    value: torch.Tensor,  # [b, kv_heads, kv, d]
+    attention_mask: torch.Tensor | None,  # [b, 1, q, kv] bool or additive float, or None (causal)
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    heed_state: AttentionState | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """``softmax(Q K^T * scaling - F + mask) V`` with ``F`` from head 0; returns ``([b, q, h, d], None)``."""
+    return _attention(module, query, key, value, attention_mask, scaling, dropout, heed_state, selective=True)
+
+
+def standard_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    heed_state: AttentionState | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """``softmax(Q K^T * scaling + mask) V``, reporting to ``heed_state``: the baseline of eviction runs."""
+    return _attention(
+        module, query, key, value, attention_mask, scaling, dropout, heed_state, selective=False
+    )
+
+
+@contextmanager
+def bind_state(model: torch.nn.Module, state: AttentionState | None = None) -> Iterator[AttentionState]:
+    """Bind one :class:`AttentionState` to every attention layer of ``model`` for the ``with`` block.
+
+    For ``generate()``, which cannot pass it as a keyword. Not for beam search: it reorders the KV cache
+    rows without telling the state.
+    """
+    state = AttentionState() if state is None else state
+    layers = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
+    for layer in layers:
+        layer.heed_state = state
+    try:
+        yield state
+    finally:
+        for layer in layers:
+            del layer.heed_state
+
+
+def check_selective_config(config) -> None:
+    """Raise ``ValueError`` unless Selective Attention supports this model config."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"selective_attention is not supported for model_type {model_type!r}: "
+            f"supported decoder families are {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    layer_types = getattr(config, "layer_types", None) or []
+    if getattr(config, "use_sliding_window", False) or any(t != "full_attention" for t in layer_types):
+        raise ValueError(
+            "selective_attention needs full attention in every layer; this config has sliding-window "
+            "layers (set use_sliding_window=False)"
+        )
+
+
+def enable_selective_attention(config):
+    """Mark a decoder config as Selective Attention (``selective_attention: true``) and select
+    :data:`SELECTIVE` as its attention implementation. Returns the same config."""
+    check_selective_config(config)
+    config.selective_attention = True
+    config._attn_implementation = SELECTIVE
+    return config
+
+
+def _selective_aware(get_correct_attn_implementation):
+    """Make every model whose config carries ``selective_attention: true`` resolve to :data:`SELECTIVE`."""
+
+    @functools.wraps(get_correct_attn_implementation)
+    def resolve(self, requested_attention, is_init_check=False):
+        if not (getattr(self.config, "selective_attention", False) or requested_attention == SELECTIVE):
+            return get_correct_attn_implementation(self, requested_attention, is_init_check)
+        check_selective_config(self.config)
+        if requested_attention not in (None, SELECTIVE):
+            raise ValueError(
+                f"this is a Selective Attention model (selective_attention: true); it runs only with "
+                f"attn_implementation={SELECTIVE!r}, not {requested_attention!r}"
+            )
+        self.config.selective_attention = True  # so save_pretrained records the flag
+        return SELECTIVE
+
+    resolve.heed_selective = True
+    return resolve
+
+
+def register() -> None:
+    """Register :data:`SELECTIVE` and :data:`STANDARD` (attention and mask functions) and the config-flag
+    hook; idempotent."""
+    for name, function in ((SELECTIVE, selective_attention_forward), (STANDARD, standard_attention_forward)):
+        AttentionInterface.register(name, function)
+        AttentionMaskInterface.register(name, sdpa_mask)  # 4D bool masks, or None for plain causal
+    if not getattr(PreTrainedModel.get_correct_attn_implementation, "heed_selective", False):
+        PreTrainedModel.get_correct_attn_implementation = _selective_aware(
+            PreTrainedModel.get_correct_attn_implementation
+        )
+
+
+register()

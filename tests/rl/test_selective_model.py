@@ -1,0 +1,192 @@
+"""Training side of Selective Attention: L_mem from a forward, the loss under budgets, budget search."""
+
+import contextlib
+
+import pytest
+import torch
+from transformers import AttentionInterface, AutoModelForCausalLM
+
+from rl.selective_budgets import greedy_budget_search
+from rl.selective_model import forward_with_memory_loss, loss_under_budgets
+from rollouts.eviction import load_budgets, save_budgets
+from rollouts.selective_attention import SELECTIVE
+
+from ..rollouts.test_selective import reference_mask
+from ..rollouts.test_selective_attention import VOCAB, standard_twin, tiny_model
+
+
+@contextlib.contextmanager
+def recorded_head0():
+    """Record each layer's head-0 logits q_0 k_0^T * scaling as the model computes them."""
+    original = AttentionInterface._global_mapping[SELECTIVE]
+    logits = {}
+
+    def recording(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        logits[module.layer_idx] = (query[:, 0] @ key[:, 0].transpose(-1, -2) * scaling).detach()
+        return original(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+    AttentionInterface.register(SELECTIVE, recording)
+    try:
+        yield logits
+    finally:
+        AttentionInterface.register(SELECTIVE, original)
+
+
+def reference_l_mem(head0_logits, real, eps, tau):
+    """eps * sum_l max_i M_i / (L * n_real) by loops for one unpadded-or-padded row (``real``: bools)."""
+    keys = [k for k, r in enumerate(real) if r]
+    peaks = []
+    for logits in head0_logits:  # per layer, [n, n] lists
+        vis = [[real[i] and real[k] for k in range(len(real))] for i in range(len(real))]
+        f = reference_mask(logits, vis)
+        peaks.append(max(sum(1 - min(f[i][k], tau) / tau for k in keys if k <= i) for i in keys))
+    return eps * sum(peaks) / (len(peaks) * len(keys))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_memory_loss_matches_loop_reference(arch):
+    model = tiny_model(arch)
+    ids = torch.randint(1, VOCAB, (2, 8))
+    attention_mask = torch.ones(2, 8, dtype=torch.long)
+    attention_mask[1, :3] = 0  # row 1 left-padded
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad(), recorded_head0() as head0:
+        _, l_mem = forward_with_memory_loss(
+            model, ids, attention_mask, position_ids=position_ids, eps=0.1, tau=0.5
+        )
+    expected = [
+        reference_l_mem(
+            [head0[layer][b].tolist() for layer in (0, 1)], attention_mask[b].bool().tolist(), 0.1, 0.5
+        )
+        for b in range(2)
+    ]
+    assert l_mem.item() == pytest.approx(sum(expected) / 2, rel=1e-5)
+    assert 0 < l_mem.item() < 0.1  # some masking happened; at most eps
+
+
+def test_memory_loss_with_a_4d_mask_takes_the_padding_mask():
+    # A Declarative-Attention-style 4D mask (padding rows see only themselves) with the 2D padding mask
+    # beside it gives the same L_mem as transformers' own padding mask.
+    model = tiny_model("qwen3")
+    ids = torch.randint(1, VOCAB, (2, 8))
+    real = torch.ones(2, 8, dtype=torch.bool)
+    real[0, :2] = False
+    real[1, 6:] = False
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()
+    mask_4d = (causal & real[:, None, :] & real[:, :, None]) | torch.eye(8, dtype=torch.bool)
+    position_ids = (real.long().cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        _, from_2d = forward_with_memory_loss(model, ids, real.long(), position_ids=position_ids)
+        _, from_4d = forward_with_memory_loss(
+            model, ids, mask_4d[:, None], padding_mask=real, position_ids=position_ids
+        )
+    assert from_4d.item() == pytest.approx(from_2d.item(), rel=1e-6)
+
+
+def test_memory_loss_without_masking_is_eps():
+    # Head 0's query at zero makes F = 0: then M_i is the number of keys seen, its max the number of real
+    # tokens n, and L_mem = eps * sum_l n / (L * n) = eps exactly, padded or not.
+    model = tiny_model("qwen3")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight[: model.config.head_dim] = 0
+    ids = torch.randint(1, VOCAB, (2, 7))
+    attention_mask = torch.tensor([[1] * 7, [0, 0] + [1] * 5])
+    _, l_mem = forward_with_memory_loss(model, ids, attention_mask, eps=0.25)
+    assert l_mem.item() == pytest.approx(0.25)
+
+
+def test_memory_loss_trains_head_zero():
+    # L_mem reaches the parameters through head 0's logits only: in the last layer, the query rows of
+    # heads 1..3 get no gradient from it, head 0's do.
+    model = tiny_model("qwen3")
+    model.train()
+    outputs, l_mem = forward_with_memory_loss(model, torch.randint(1, VOCAB, (2, 9)), labels=None)
+    l_mem.backward()
+    grad = model.model.layers[-1].self_attn.q_proj.weight.grad
+    head_dim = model.config.head_dim
+    assert grad[:head_dim].abs().sum() > 0
+    assert grad[head_dim:].abs().sum() == 0
+    assert outputs.logits.shape == (2, 9, VOCAB)
+
+
+def test_memory_loss_needs_a_selective_model():
+    with pytest.raises(ValueError, match="not a Selective Attention model"):
+        forward_with_memory_loss(standard_twin(tiny_model("qwen3")), torch.ones(1, 4, dtype=torch.long))
+
+
+def test_loss_under_budgets():
+    model = tiny_model("qwen3")
+    ids = torch.randint(1, VOCAB, (3, 10))
+    with torch.no_grad():
+        logits = model(ids).logits[:, :-1]
+    plain = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1)).item()
+    assert loss_under_budgets(model, [ids], None) == pytest.approx(plain, rel=1e-5)
+    assert loss_under_budgets(model, [ids[:2], ids[2:]], [10, 10]) == pytest.approx(plain, rel=1e-5)
+    assert loss_under_budgets(model, [ids], [2, 3]) != pytest.approx(plain, rel=1e-3)
+    with pytest.raises(ValueError, match="3 KV budgets for a model with 2 layers"):
+        loss_under_budgets(model, [ids], [4, 4, 4])
+    with pytest.raises(ValueError, match="integers >= 2"):
+        loss_under_budgets(model, [ids], [4, -1])
+
+
+def test_loss_under_budgets_ignores_padding():
+    model = tiny_model("qwen3")
+    ids = torch.randint(1, VOCAB, (1, 8))
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], 1)
+    real = torch.tensor([[0, 0, 0] + [1] * 8])
+    alone = loss_under_budgets(model, [ids], [3, 4])
+    assert loss_under_budgets(model, [(padded, real)], [3, 4]) == pytest.approx(alone, rel=1e-5)
+
+
+def test_greedy_budget_search_by_hand():
+    # loss(K) = 1 + 0.01 * (24 - K0) + 0.03 * (24 - K1), context 24, step 8, target 1.2:
+    #   start (24, 24): 1.00
+    #   step 1: (16, 24) 1.08 | (24, 16) 1.24 -> accept (16, 24)
+    #   step 2: (8, 24) 1.16  | (16, 16) 1.32 -> accept (8, 24)
+    #   step 3: (2, 24) 1.22 (8 - 8 floors at 2) | (8, 16) 1.40 -> 1.22 > 1.2: stop at (8, 24), 1.16.
+    #   Evaluations: 1 + 2 + 2 + 2 = 7.
+    seen = []
+
+    def loss(budgets):
+        seen.append(budgets)
+        return 1 + 0.01 * (24 - budgets[0]) + 0.03 * (24 - budgets[1])
+
+    result = greedy_budget_search(loss, num_layers=2, context=24, target=1.2, step=8)
+    assert result.budgets == (8, 24)
+    assert result.loss == pytest.approx(1.16)
+    assert [b for b, _ in result.steps] == [(16, 24), (8, 24)]
+    assert result.evaluations == len(seen) == 7
+    assert result.mean_budget == 16
+
+
+def test_greedy_budget_search_stops_at_the_floor_and_at_a_missed_target():
+    floor = greedy_budget_search(lambda b: 0.0, num_layers=3, context=5, target=0.0, step=2)
+    assert floor.budgets == (2, 2, 2)
+    missed = greedy_budget_search(lambda b: 2.0, num_layers=2, context=16, target=1.0)
+    assert missed.budgets == (16, 16) and missed.evaluations == 1 and not missed.steps
+    with pytest.raises(ValueError, match="step"):
+        greedy_budget_search(lambda b: 0.0, num_layers=2, context=16, target=1.0, step=0)
+
+
+def test_budget_search_on_a_tiny_model_and_budgets_round_trip(tmp_path):
+    model = tiny_model("qwen3")
+    torch.manual_seed(1)
+    search, test = torch.randint(1, VOCAB, (4, 16)), torch.randint(1, VOCAB, (4, 16))
+    baseline = loss_under_budgets(model, [search], None)
+    result = greedy_budget_search(
+        lambda b: loss_under_budgets(model, [search], b),
+        num_layers=2,
+        context=16,
+        target=baseline * 1.02,
+        step=4,
+    )
+    assert result.loss <= baseline * 1.02 and sum(result.budgets) < 32
+    assert loss_under_budgets(model, [test], result.budgets) > 0  # the test split is measured separately
+    save_budgets(model.config, result.budgets)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert load_budgets(loaded.config) == result.budgets
+    assert load_budgets(standard_twin(model).config) == result.budgets  # configs carry them as is
+    with pytest.raises(ValueError, match="3 KV budgets"):
+        save_budgets(model.config, [4, 4, 4])
