@@ -26,3 +26,18 @@ def token_table(tokenizer):
     from rollouts.protocol import token_bytes_table
 
     return token_bytes_table(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def small_model(tokenizer):
+    """A 2-layer Qwen3 (hidden 64, 2 query / 1 KV heads, head_dim 32) in eval mode, fixed seed."""
+    from rl.model import TinyModelConfig, build_tiny_model
+
+    config = TinyModelConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+    )
+    return build_tiny_model(tokenizer, config).eval()

@@ -14,15 +14,8 @@ COMPLETIONS = [
 
 
 @pytest.fixture(scope="module")
-def model():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32,
-    )  # fmt: skip
-    return Qwen3ForCausalLM(config).eval()
+def model(small_model):
+    return small_model
 
 
 @pytest.fixture(scope="module")

@@ -90,17 +90,10 @@ def test_block_mask_equals_dense(batch_rows):
     assert torch.allclose(flex[valid], sdpa[valid], atol=1e-5)
 
 
-def test_masked_forward_is_padding_invariant_and_really_masks(batch_rows):
+def test_masked_forward_is_padding_invariant_and_really_masks(batch_rows, small_model):
     """A tiny Qwen3 in a padded batch gives the same logits as the row alone, and differs from causal."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     traces, starts, seq_len, completion_ids = batch_rows
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, attn_implementation="sdpa",
-    )  # fmt: skip
-    model = Qwen3ForCausalLM(config).eval()
+    model = small_model
     batch = mask_batch(traces, starts, seq_len)
     input_ids = torch.zeros(2, seq_len, dtype=torch.long)
     for b, (trace, start) in enumerate(zip(traces, starts)):
