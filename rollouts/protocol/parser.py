@@ -145,9 +145,9 @@ class ProtocolParser:
 
     num_chunks: int
     thinking: bool = False
-    state: ModeState = GLOBAL_STATE
-    violations: list[Violation] = field(default_factory=list)
-    transitions: list[tuple[int, ModeState]] = field(default_factory=lambda: [(0, GLOBAL_STATE)])
+    state: ModeState = field(default=GLOBAL_STATE, init=False)
+    violations: list[Violation] = field(default_factory=list, init=False)
+    transitions: list[tuple[int, ModeState]] = field(default_factory=lambda: [(0, GLOBAL_STATE)], init=False)
 
     def __post_init__(self):
         if self.num_chunks < 0:
@@ -167,20 +167,21 @@ class ProtocolParser:
 
     def feed(self, piece: str) -> ModeState:
         """Read one piece of generated text; return the state the next token is predicted under."""
-        while piece:
+        i, n = 0, len(piece)
+        while i < n:
             if not self._pending:
-                i = piece.find("<")
-                if i < 0:
-                    self._text(piece)
+                j = piece.find("<", i)
+                if j < 0:
+                    self._text(piece[i:])
                     break
-                if i:
-                    self._text(piece[:i])
+                if j > i:
+                    self._text(piece[i:j])
                 self._pending = "<"
-                piece = piece[i + 1 :]
-                continue
-            # Extend the candidate tag one character at a time: tags are short and rare.
-            ch, piece = piece[0], piece[1:]
-            self._extend(ch)
+                i = j + 1
+            else:
+                # Extend the candidate tag one character at a time: tags are short and rare.
+                self._extend(piece[i])
+                i += 1
         return self.state
 
     def finish(self) -> ParsedCompletion:
