@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _protocol_demo(args: argparse.Namespace) -> int:
@@ -33,6 +34,28 @@ def _data_build(args: argparse.Namespace) -> int:
         return 2
     sizes = ", ".join(f"{name} {len(split)}" for name, split in dataset.items())
     print(f"wrote {args.out} ({sizes})")
+    return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from rl.dashboard import print_summary, write_report
+    from rl.dashboard.run_dir import RunReader
+
+    if not Path(args.run_dir).is_dir():
+        print(f"heed: error: run directory {args.run_dir} does not exist", file=sys.stderr)
+        return 2
+    if args.text:
+        print_summary(RunReader(args.run_dir).read())
+        return 0
+    if args.wandb:
+        from rl.dashboard.wandb_mirror import WandbMirror
+
+        mirror = WandbMirror(args.run_dir, project=args.wandb_project, mode=args.wandb_mode)
+        print(f"mirrored {mirror.sync()} steps to wandb ({args.wandb_mode})")
+        mirror.finish()
+        return 0
+    out, run = write_report(args.run_dir, args.out, args.trajectory)
+    print(f"wrote {out} ({len(run.metrics)} metric lines, {len(run.skipped)} skipped)")
     return 0
 
 
@@ -68,6 +91,32 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     build.set_defaults(func=_data_build)
+
+    dashboard = commands.add_parser(
+        "dashboard", help="a self-contained HTML report (or a terminal summary) of a run directory"
+    )
+    dashboard.add_argument(
+        "run_dir", help="run directory (metrics.jsonl, trajectories/, eval/); may be running"
+    )
+    dashboard.add_argument("--out", help="HTML file to write (default: RUN_DIR/report.html)")
+    dashboard.add_argument("--text", action="store_true", help="print a terminal summary instead")
+    dashboard.add_argument(
+        "--trajectory",
+        action="append",
+        default=[],
+        help="trajectory id to draw (repeatable; default: 3 picks)",
+    )
+    dashboard.add_argument(
+        "--wandb", action="store_true", help="mirror the run directory into wandb instead of writing HTML"
+    )
+    dashboard.add_argument("--wandb-project", default="heed", help="wandb project for --wandb")
+    dashboard.add_argument(
+        "--wandb-mode",
+        default="offline",
+        choices=("offline", "online"),
+        help="offline (default) writes under RUN_DIR/wandb; online needs `wandb login`",
+    )
+    dashboard.set_defaults(func=_dashboard)
     return parser
 
 

@@ -1,6 +1,7 @@
 """Session-wide fixtures shared by every test package."""
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -41,3 +42,11 @@ def small_model(tokenizer):
         intermediate_size=128,
     )
     return build_tiny_model(tokenizer, config).eval()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name the artifacts tests left for CI (the dashboard screenshot), so the log says where they are."""
+    artifacts = os.environ.get("HEED_ARTIFACTS_DIR")
+    if artifacts and Path(artifacts).is_dir():
+        for path in sorted(Path(artifacts).glob("*.png")):
+            terminalreporter.write_line(f"artifact: {path}")

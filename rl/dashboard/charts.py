@@ -1,0 +1,285 @@
+"""The report's charts: one function per chart, each a plotly figure built from a :class:`Run`.
+
+Every function returns ``None`` when the run logged nothing it could draw, so a run still warming up
+(or a trainer that does not log some metric) gives a shorter report, never an error. Values go into
+the figures as plain lists, exactly as read from ``metrics.jsonl``, so a test can parse them back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from rollouts.protocol import VIOLATION_KINDS
+
+from .attention_map import MASKED, AttentionMap
+from .records import MODES, bin_order
+from .run_dir import Run
+
+PAPER_GLOBAL_SHARE = 0.27  # the DA paper's zero-shot <global> share of generated tokens (§6.1)
+MODE_COLORS = {"global": "#d62728", "focus": "#1f77b4", "local": "#2ca02c"}
+CHUNK_COLORS = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7e9c0")  # cycled over chunks
+MASKED_COLOR, SCAFFOLD_COLOR, GENERATED_COLOR = "#f0f0f0", "#636363", "#252525"
+
+
+def _layout(fig: go.Figure, title: str, y_title: str, **extra) -> go.Figure:
+    settings = {
+        "title": title,
+        "template": "plotly_white",
+        "xaxis_title": "step",
+        "yaxis_title": y_title,
+        "height": 340,
+        "margin": {"l": 60, "r": 20, "t": 50, "b": 40},
+        "legend": {"font": {"size": 10}},
+    }
+    fig.update_layout(**(settings | extra))
+    return fig
+
+
+def _lines(run: Run, names: list[str], title: str, y_title: str, label: Callable[[str], str] = str, **extra):
+    """One line per metric (per phase when a run has several) over the lines that logged it."""
+    phases = sorted({row["phase"] for row in run.metrics})
+    fig = go.Figure()
+    for name in names:
+        for phase in phases:
+            steps, values = run.series(name, phase)
+            if steps:
+                trace_name = label(name) if len(phases) == 1 else f"{label(name)} ({phase})"
+                fig.add_trace(go.Scatter(x=steps, y=values, mode="lines+markers", name=trace_name, meta=name))
+    return _layout(fig, title, y_title, **extra) if fig.data else None
+
+
+def _prefixed(run: Run, prefix: str) -> list[str]:
+    return [n for n in run.metric_names() if n.startswith(prefix)]
+
+
+def rewards(run: Run):
+    names = ["reward/total", "reward/accuracy", "reward/efficiency", "reward/compliance", "reward/coverage"]
+    return _lines(run, names, "Reward: total and components (batch means)", "reward")
+
+
+def by_task(kind: str):
+    def chart(run: Run):
+        prefix = f"{kind}/by_task/"
+        return _lines(
+            run, _prefixed(run, prefix), f"{kind.capitalize()} by task", kind, lambda n: n[len(prefix) :]
+        )
+
+    chart.__name__ = f"{kind}_by_task"
+    return chart
+
+
+def by_length(kind: str):
+    def chart(run: Run):
+        prefix = f"{kind}/by_length/"
+        names = sorted(_prefixed(run, prefix), key=lambda n: bin_order(n[len(prefix) :]))
+        title = f"{kind.capitalize()} by context-length bin"
+        return _lines(run, names, title, kind, lambda n: n[len(prefix) :])
+
+    chart.__name__ = f"{kind}_by_length"
+    return chart
+
+
+def mode_mix(run: Run):
+    """Share of generated tokens by predicted mode over steps (the paper's Figure 5a, per step)."""
+    fig = go.Figure()
+    for mode in MODES:
+        steps, values = run.series(f"mode_mix/{mode}")
+        if steps:
+            fig.add_trace(
+                go.Scatter(
+                    x=steps,
+                    y=values,
+                    name=mode,
+                    meta=f"mode_mix/{mode}",
+                    stackgroup="mix",
+                    line={"color": MODE_COLORS[mode]},
+                )
+            )
+    if not fig.data:
+        return None
+    # The paper's zero-shot figure for reference (a shape, not data): 27% of tokens in <global>.
+    fig.add_hline(y=PAPER_GLOBAL_SHARE, line_dash="dot", annotation_text="paper, zero-shot: 27% global")
+    return _layout(fig, "Mode mix: share of generated tokens by mode", "share", yaxis_range=[0, 1])
+
+
+def global_share_by_length(run: Run):
+    """The ``<global>`` share per context-length bin over steps: the share that caps savings (§6.1)."""
+    prefix, suffix = "mode_mix/by_length/", "/global"
+    names = [n for n in _prefixed(run, prefix) if n.endswith(suffix)]
+    names.sort(key=lambda n: bin_order(n[len(prefix) : -len(suffix)]))
+
+    def label(name: str) -> str:
+        return name[len(prefix) : -len(suffix)]
+
+    return _lines(run, names, "Global share by context-length bin", "share of tokens in <global>", label)
+
+
+def mode_mix_by_length(run: Run):
+    """Mode mix per context-length bin at the latest step that logged each bin (Figures 5 and 9)."""
+    prefix = "mode_mix/by_length/"
+    bins = sorted({n[len(prefix) :].rsplit("/", 1)[0] for n in _prefixed(run, prefix)}, key=bin_order)
+    fig = go.Figure()
+    for mode in MODES:
+        values = [run.latest(f"{prefix}{b}/{mode}") for b in bins]
+        if any(v is not None for v in values):
+            fig.add_trace(go.Bar(x=bins, y=values, name=mode, marker_color=MODE_COLORS[mode]))
+    if not fig.data:
+        return None
+    return _layout(
+        fig,
+        "Mode mix by context length (latest step)",
+        "share",
+        barmode="stack",
+        xaxis_title="context tokens",
+    )
+
+
+def kv_tokens(run: Run):
+    names = ["kv/tokens_da", "kv/tokens_vanilla"]
+    return _lines(run, names, "KV tokens read per step: DA vs vanilla (batch sums)", "KV tokens")
+
+
+def kv_saving(run: Run):
+    label = {"kv/saving": "saving (tokens)", "reward/kv_saving": "saving (reward unit, mean)"}.get
+    return _lines(run, ["kv/saving", "reward/kv_saving"], "KV-read saving, 1 - DA / vanilla", "saving", label)
+
+
+def kv_bytes(run: Run):
+    return _lines(run, ["kv/bytes_da", "kv/bytes_vanilla"], "KV bytes read per step", "bytes")
+
+
+def decode_overhead(run: Run):
+    return _lines(
+        run, ["decode/steps_overhead"], "Decoding-step overhead vs vanilla", "extra steps (fraction)"
+    )
+
+
+def violations(run: Run):
+    names = [f"violations/{k}" for k in VIOLATION_KINDS if any(run.series(f"violations/{k}")[1])]
+    names += [n for n in _prefixed(run, "violations/") if n not in names and any(run.series(n)[1])]
+    return _lines(
+        run, names, "Protocol violations per completion", "per completion", lambda n: n.split("/", 1)[1]
+    )
+
+
+def importance_ratios(run: Run):
+    return _lines(run, ["is_ratio/mean", "is_ratio/min", "is_ratio/max"], "Importance ratios", "ratio")
+
+
+def throughput(run: Run):
+    return _lines(run, ["throughput/tokens_per_s"], "Throughput", "generated tokens / s")
+
+
+def eval_comparison(run: Run):
+    """Accuracy and KV tokens read per rollout mode, over every eval file's results."""
+    totals: dict[str, list[float]] = {}  # mode -> [accuracy * n, n, kv tokens]
+    for data in run.evals.values():
+        for row in data["results"]:
+            n, accuracy, kv = (row.get(k) for k in ("n", "accuracy", "kv_tokens"))
+            if not all(isinstance(v, int | float) for v in (n, accuracy, kv)):
+                continue
+            acc = totals.setdefault(str(row.get("mode")), [0.0, 0, 0])
+            acc[0] += accuracy * n
+            acc[1] += n
+            acc[2] += kv
+    if not totals:
+        return None
+    modes = sorted(totals)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy", "KV tokens read"))
+    fig.add_trace(
+        go.Bar(x=modes, y=[totals[m][0] / max(totals[m][1], 1) for m in modes], name="accuracy"), 1, 1
+    )
+    fig.add_trace(go.Bar(x=modes, y=[totals[m][2] for m in modes], name="KV tokens"), 1, 2)
+    return _layout(fig, "Eval: da / da-nm / vanilla", "", showlegend=False, xaxis_title="")
+
+
+# The report's charts over steps, in display order: (anchor name, builder)
+STEP_CHARTS = (
+    ("rewards", rewards),
+    ("accuracy_by_task", by_task("accuracy")),
+    ("compliance_by_task", by_task("compliance")),
+    ("coverage_by_task", by_task("coverage")),
+    ("accuracy_by_length", by_length("accuracy")),
+    ("compliance_by_length", by_length("compliance")),
+    ("coverage_by_length", by_length("coverage")),
+    ("mode_mix", mode_mix),
+    ("mode_mix_by_length", mode_mix_by_length),
+    ("global_share_by_length", global_share_by_length),
+    ("kv_tokens", kv_tokens),
+    ("kv_saving", kv_saving),
+    ("kv_bytes", kv_bytes),
+    ("decode_overhead", decode_overhead),
+    ("violations", violations),
+    ("importance_ratios", importance_ratios),
+    ("throughput", throughput),
+    ("eval_comparison", eval_comparison),
+)
+
+
+def _discrete_scale(colors: list[str]) -> list[list]:
+    """A plotly colorscale mapping integer ``i`` of ``zmin=0..len-1`` to ``colors[i]`` exactly."""
+    n = len(colors)
+    scale = []
+    for i, color in enumerate(colors):
+        scale += [[i / n, color], [(i + 1) / n, color]]
+    return scale
+
+
+def attention_map_figure(amap: AttentionMap, title: str):
+    """Decoding steps (x) x KV blocks (y): masked cells pale, read cells colored by owning chunk,
+    with the predicted mode of every step as a strip above."""
+    k = amap.num_chunks
+    colors = [MASKED_COLOR, SCAFFOLD_COLOR] + [CHUNK_COLORS[c % len(CHUNK_COLORS)] for c in range(k)]
+    colors.append(GENERATED_COLOR)
+    steps = list(range(amap.cells.shape[0]))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.07, 0.93], vertical_spacing=0.02)
+    mode_index = [MODES.index(m) for m in amap.modes]
+    fig.add_trace(
+        go.Heatmap(
+            z=[mode_index],
+            x=steps,
+            zmin=0,
+            zmax=len(MODES) - 1,
+            showscale=False,
+            name="mode",
+            colorscale=_discrete_scale([MODE_COLORS[m] for m in MODES]),
+            customdata=[amap.modes],
+            hovertemplate="step %{x}: %{customdata}<extra></extra>",
+        ),
+        1,
+        1,
+    )
+    owner_label = ["scaffold"] + [f"chunk {c}" for c in range(1, k + 1)] + ["generated"]
+    fig.add_trace(
+        go.Heatmap(
+            z=(amap.cells.T - MASKED).tolist(),  # shift so masked = 0 for the discrete scale
+            x=steps,
+            zmin=0,
+            zmax=len(colors) - 1,
+            showscale=False,
+            name="blocks",
+            colorscale=_discrete_scale(colors),
+            customdata=[[owner_label[o]] * len(steps) for o in amap.chunk_of_block.tolist()],
+            hovertemplate="step %{x}, block %{y} (%{customdata}): %{z}<extra>0 = masked</extra>",
+        ),
+        2,
+        1,
+    )
+    for mode in MODES:  # legend entries for the mode strip
+        fig.add_trace(
+            go.Scatter(x=[None], y=[None], mode="markers", name=mode, marker_color=MODE_COLORS[mode]), 2, 1
+        )
+    fig.update_layout(
+        title=title,
+        template="plotly_white",
+        height=520,
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        legend={"orientation": "h", "y": 1.08},
+    )
+    fig.update_yaxes(showticklabels=False, row=1, col=1)
+    fig.update_yaxes(title_text="KV block (chunk colors; pale = masked)", row=2, col=1)
+    fig.update_xaxes(title_text="decoding step", row=2, col=1)
+    return fig

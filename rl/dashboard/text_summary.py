@@ -1,0 +1,80 @@
+"""``heed dashboard RUN_DIR --text``: the latest numbers of a run in the terminal (rich).
+
+Shows the value at the latest step that logged each headline metric, its first logged value for
+comparison, the da / da-nm / vanilla eval table, and what the reader skipped.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from .report import EVAL_MODES
+from .run_dir import Run
+
+HEADLINE = (
+    "reward/total",
+    "reward/accuracy",
+    "reward/efficiency",
+    "reward/compliance",
+    "reward/coverage",
+    "mode_mix/global",
+    "mode_mix/focus",
+    "mode_mix/local",
+    "kv/tokens_da",
+    "kv/tokens_vanilla",
+    "kv/saving",
+    "decode/steps_overhead",
+    "is_ratio/mean",
+    "throughput/tokens_per_s",
+)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4f}"
+
+
+def print_summary(run: Run, console: Console | None = None) -> None:
+    console = console or Console()
+    steps = [row["step"] for row in run.metrics]
+    console.print(
+        f"[bold]Heed run[/] {run.root}: {len(run.metrics)} metric lines"
+        + (f", steps {min(steps)}–{max(steps)}" if steps else "")
+        + f", {len(run.trajectories)} trajectories, {len(run.evals)} eval files"
+    )
+    table = Table(title="Headline metrics")
+    table.add_column("metric")
+    table.add_column("first", justify="right")
+    table.add_column("latest", justify="right")
+    table.add_column("at step", justify="right")
+    for name in HEADLINE:
+        at, values = run.series(name)
+        if values:
+            table.add_row(name, _fmt(values[0]), _fmt(values[-1]), str(at[-1]))
+    violations = [n for n in run.metric_names() if n.startswith("violations/") and run.latest(n)]
+    for name in violations:
+        at, values = run.series(name)
+        table.add_row(name, _fmt(values[0]), _fmt(values[-1]), str(at[-1]))
+    console.print(table if table.row_count else "[italic]no metrics logged yet[/]")
+    for name, data in run.evals.items():
+        ev = Table(title=f"Eval {name} (step {data.get('step')}): accuracy / KV tokens read")
+        ev.add_column("task")
+        ev.add_column("context")
+        for mode in EVAL_MODES:
+            ev.add_column(mode, justify="right")
+        rows: dict[tuple[str, str], dict[str, dict]] = {}
+        for r in data["results"]:
+            rows.setdefault((str(r.get("task")), str(r.get("length_bin"))), {})[str(r.get("mode"))] = r
+        for (task, label), by_mode in sorted(rows.items()):
+            cells = [
+                f"{by_mode[m]['accuracy']:.3f} / {by_mode[m]['kv_tokens']:,}" if m in by_mode else "–"
+                for m in EVAL_MODES
+            ]
+            ev.add_row(task, label, *cells)
+        console.print(ev)
+    if run.skipped:
+        console.print(f"[bold yellow]Skipped while reading ({len(run.skipped)}):[/]")
+        for s in run.skipped:
+            console.print(f"  {s}", markup=False)

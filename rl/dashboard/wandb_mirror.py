@@ -1,0 +1,127 @@
+"""Mirror a run directory into Weights & Biases (offline unless the user configures online).
+
+The run directory stays the source of truth; wandb is a view of it. :class:`WandbMirror` logs every
+metrics line it has not logged yet (so a trainer can call :meth:`WandbMirror.sync` after each step,
+and ``heed dashboard RUN_DIR --wandb`` can mirror a finished run in one go), plus two tables at each
+sync: the latest step's sample trajectories with mode-colored text, and the eval results.
+
+wandb needs steps that only grow: metrics lines are merged per step (several phases may log the
+same step; a resumed run re-logs steps, and the latest value wins) and steps at or below the last
+one mirrored are not sent again.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from .records import MODES
+from .run_dir import ROW_KEYS, Run, RunReader
+from .trajectory_views import record_mode_mix
+
+SAMPLE_COLUMNS = (
+    "id", "step", "task", "context_tokens", "reward", "accuracy", "efficiency", "compliance", "coverage",
+    *(f"share_{m}" for m in MODES), "kv_saving", "violations", "answer", "text",
+)  # fmt: skip
+EVAL_COLUMNS = (
+    "eval",
+    "mode",
+    "task",
+    "length_bin",
+    "n",
+    "accuracy",
+    "kv_tokens",
+    "kv_tokens_vanilla",
+    "decode_steps",
+)
+MODE_BACKGROUND = {"global": "#fbe3e3", "focus": "#dde9f7", "local": "#e0f3e0"}
+
+
+def merged_steps(run: Run) -> dict[int, dict[str, float]]:
+    """Step -> every numeric metric logged at that step (later lines override earlier ones)."""
+    steps: dict[int, dict[str, float]] = {}
+    for row in run.metrics:
+        values = steps.setdefault(row["step"], {})
+        for key, value in row.items():
+            if key not in ROW_KEYS and isinstance(value, int | float) and not isinstance(value, bool):
+                values[key] = value
+    return dict(sorted(steps.items()))
+
+
+def colored_text_html(record: dict) -> str:
+    text = record.get("completion_text", "")
+    parts = [
+        f'<span style="background:{MODE_BACKGROUND.get(s["mode"], "#fff")}">'
+        f"{html.escape(text[s['start'] : s['end']])}</span>"
+        for s in record.get("segments", [])
+    ]
+    return f'<pre style="white-space:pre-wrap">{"".join(parts)}</pre>'
+
+
+def sample_rows(run: Run) -> list[list]:
+    """One :data:`SAMPLE_COLUMNS` row per trajectory of the latest step."""
+    if not run.trajectories:
+        return []
+    last = max(t["step"] for t in run.trajectories)
+    rows = []
+    for t in (t for t in run.trajectories if t["step"] == last):
+        try:
+            mix = record_mode_mix(t)
+            reward = t["reward"]
+            violations = ", ".join(v["kind"] for v in t.get("violations", []))
+            rows.append(
+                [t["id"], t["step"], t.get("task"), t.get("context_tokens")]
+                + [reward.get(c) for c in ("total", "accuracy", "efficiency", "compliance", "coverage")]
+                + [mix[m] for m in MODES]
+                + [reward.get("kv_saving"), violations, t.get("answer"), colored_text_html(t)]
+            )
+        except (KeyError, TypeError, IndexError, AttributeError):
+            continue  # the HTML report says what is wrong with this record
+    return rows
+
+
+class WandbMirror:
+    """Log a run directory's new metrics lines and its tables to one wandb run."""
+
+    def __init__(self, run_dir: str | Path, project: str = "heed", mode: str = "offline", **init_kwargs):
+        import wandb
+
+        self._wandb = wandb
+        self.run_dir = Path(run_dir)
+        self.last_step = -1
+        self.wandb_run = wandb.init(
+            project=project,
+            mode=mode,
+            dir=str(init_kwargs.pop("dir", self.run_dir)),
+            name=init_kwargs.pop("name", self.run_dir.name),
+            **init_kwargs,
+        )
+
+    def sync(self) -> int:
+        """Mirror what the run directory holds now; return the number of steps sent."""
+        run = RunReader(self.run_dir).read()
+        sent = 0
+        for step, values in merged_steps(run).items():
+            if step > self.last_step and values:
+                self.wandb_run.log(values, step=step)
+                self.last_step, sent = step, sent + 1
+        tables = {}
+        rows = sample_rows(run)
+        if rows:
+            samples = self._wandb.Table(columns=list(SAMPLE_COLUMNS))
+            for row in rows:
+                samples.add_data(*row[:-1], self._wandb.Html(row[-1]))
+            tables["samples"] = samples
+        eval_rows = [
+            [name] + [r.get(c) for c in EVAL_COLUMNS[1:]]
+            for name, d in run.evals.items()
+            for r in d["results"]
+        ]
+        if eval_rows:
+            tables["eval"] = self._wandb.Table(columns=list(EVAL_COLUMNS), data=eval_rows)
+        if tables:
+            self.wandb_run.log(tables, step=max(self.last_step, 0))
+        return sent
+
+    def finish(self) -> None:
+        self.wandb_run.finish()

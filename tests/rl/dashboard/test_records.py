@@ -1,0 +1,87 @@
+"""Step metrics and trajectory records against hand counts on the paper's Acme example."""
+
+import json
+
+import pytest
+
+from rewards import score_trajectories
+from rl.dashboard.records import length_bin, step_metrics, trajectory_record
+from rollouts.masks import KVShape, trace_completion
+from rollouts.protocol import GLOBAL_STATE, ModeState, build_prompt, parse_completion
+from rollouts.trajectory import Trajectory
+from tests.rewards.helpers import ACME_GOLD, ACME_QUESTION, acme_documents, acme_example, piece_ids
+
+# Plans in global, then reads chunk 99 (out of range: violation, mode becomes local), then answers.
+BROKEN = [
+    ("<global>", GLOBAL_STATE),
+    ("Magic Chunk 2 has it.", GLOBAL_STATE),
+    ("</global>", GLOBAL_STATE),
+    ('<focus magic_chunks="99">', ModeState("local")),
+    ("Nothing here.", ModeState("local")),
+    ("</focus>", GLOBAL_STATE),
+    ("<answer>8</answer>", GLOBAL_STATE),
+]
+
+
+@pytest.fixture(scope="module")
+def batch(tokenizer, token_table):
+    """Two scored Acme trajectories, and for each the hand-derived state each token was predicted under."""
+    layout = build_prompt(ACME_QUESTION, acme_documents(), tokenizer, block_size=32)
+    trajectories, predicted = [], []
+    for pieces in (ACME_GOLD, BROKEN):
+        ids, states = piece_ids(tokenizer, pieces)
+        text = "".join(p for p, _ in pieces)
+        trace = trace_completion(layout, ids, token_table)
+        trajectories.append(
+            Trajectory(acme_example(context_tokens=900), layout, ids, text, parse_completion(text, 7), trace)
+        )
+        predicted.append(states)
+    return trajectories, score_trajectories(trajectories).items, predicted
+
+
+def test_mode_mix_is_the_token_share_by_predicted_mode(batch):
+    trajectories, rewards, predicted = batch
+    metrics = step_metrics(trajectories, rewards)
+    tokens = [s.mode for states in predicted for s in states]  # pooled over the batch, not averaged
+    for mode in ("global", "focus", "local"):
+        assert metrics[f"mode_mix/{mode}"] == pytest.approx(tokens.count(mode) / len(tokens))
+        assert metrics[f"mode_mix/by_length/<=1K/{mode}"] == metrics[f"mode_mix/{mode}"]
+    assert 0 < metrics["mode_mix/focus"] < 1 and metrics["mode_mix/local"] > 0
+
+
+def test_kv_and_violation_metrics(batch):
+    trajectories, rewards, _ = batch
+    shape = KVShape(num_layers=2, num_kv_heads=1, head_dim=32, dtype_bytes=2)
+    metrics = step_metrics(trajectories, rewards, kv_shape=shape, vanilla_steps=[10, 10], wall_time_s=2.0)
+    prompt_len = trajectories[0].layout.prompt_len
+    lengths = [len(t.completion_ids) for t in trajectories]
+    vanilla = sum(
+        prompt_len + j for n in lengths for j in range(n)
+    )  # causal: position + 1, from prompt_len - 1
+    assert metrics["kv/tokens_vanilla"] == vanilla
+    assert metrics["kv/bytes_vanilla"] == vanilla * 2 * 2 * 1 * 32 * 2
+    assert metrics["kv/saving"] == pytest.approx(1 - metrics["kv/tokens_da"] / vanilla)
+    assert metrics["violations/unknown_chunk"] == 0.5 and metrics["violations/empty_focus"] == 0.5
+    assert metrics["violations/nested_mode"] == 0.0
+    assert metrics["decode/steps_overhead"] == pytest.approx(sum(lengths) / 20 - 1)
+    assert metrics["throughput/tokens_per_s"] == pytest.approx(sum(lengths) / 2.0)
+    assert metrics["reward/compliance"] == 0.5  # the gold trace complies, the broken one does not
+    assert metrics["accuracy/by_task/multi_hop"] == 1.0
+
+
+def test_record_is_json_and_carries_the_trace(batch):
+    trajectories, rewards, predicted = batch
+    record = json.loads(json.dumps(trajectory_record(trajectories[0], rewards[0], step=3, record_id="r0")))
+    assert record["step"] == 3 and record["task"] == "multi_hop" and record["length_bin"] == "<=1K"
+    assert [record["states"][i]["mode"] for i in record["predicted_state"]] == [s.mode for s in predicted[0]]
+    assert len(record["kv_tokens"]) == len(record["kv_tokens_vanilla"]) == record["num_tokens"]
+    assert record["answer"] == "8 years" and record["violations"] == []
+    assert record["layout"]["chunk_spans"] == [list(s) for s in trajectories[0].layout.chunk_spans]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "label"),
+    [(1, "<=1K"), (1024, "<=1K"), (1025, "<=2K"), (200_000, "<=256K"), (300_000, ">256K")],
+)
+def test_length_bins(tokens, label):
+    assert length_bin(tokens) == label
