@@ -1,0 +1,171 @@
+"""The reference engine: plain transformers decoding, one token at a time, under the same DA visibility.
+
+It exists to be obviously right. One request at a time, its own KV cache (``DynamicCache``), and for
+each decode forward an explicit attention mask over the cached keys built from the blocks
+:class:`~rollouts.masks.visibility.VisibilityTracker` says are visible — the same tracker, fed the
+same tokens, that the vLLM plugin runs in its worker. So it is the oracle the plugin is tested
+against (same tokens and log-probs within fp32 noise), and the fallback where vLLM is not installed
+(slow: no batching, no paging; :func:`rollouts.engines.make_engine` warns when it falls back).
+
+Per request::
+
+    prefill the prompt (causal, unmasked: prompt rows are never masked)
+    for each step j:  pick g_j from the last logits (forced / greedy / sampled); record log p(g_j)
+                      visible = tracker.advance(g_j)            # state after parsing g_0..g_j
+                      forward g_j at position prompt_len + j, keys restricted to `visible` blocks
+
+Log-probs are the model's raw ones (log-softmax of the logits, before temperature), as vLLM reports.
+Transformers passes a 4D mask through untouched, so the mask carries causality itself: a key is
+visible when its block is visible and it is already cached (DESIGN.md, "Training-side masks").
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+import torch
+
+from rollouts.masks.visibility import VisibilityTracker
+from rollouts.protocol.tokens import token_bytes_table
+from rollouts.trajectory import Trajectory
+
+from .base import RolloutRequest, build_trajectory
+
+
+class ReferenceEngine:
+    """Decodes :class:`RolloutRequest` s with transformers under the request's DA mode.
+
+    Args:
+        model: a causal LM, or a path to load one from (fp32 by default, SDPA attention).
+        tokenizer: its tokenizer (loaded from ``model`` when that is a path).
+        dtype: dtype to load a model path in.
+        device: where to run.
+        num_threads: torch CPU threads while generating (restored after). Each step is a tiny
+            one-token forward, dominated by overhead: on a shared CPU one thread avoids OpenMP
+            threads spinning against other processes (8x faster on a loaded 2-core machine).
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        num_threads: int | None = None,
+    ):
+        if isinstance(model, str | os.PathLike):
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
+            model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="sdpa")
+        if tokenizer is None:
+            raise ValueError("pass the model's tokenizer (the DA parser reads the generated text)")
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(
+                f"the reference engine builds dense 4D masks: load the model with attn_implementation "
+                f"'sdpa' or 'eager', not {impl!r}"
+            )
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.num_threads = num_threads
+        self.token_table = token_bytes_table(tokenizer)
+        self._bool_mask = impl == "sdpa"  # eager adds the mask to the scores: it needs 0 / -inf
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        self.stop_ids = set(eos) if isinstance(eos, list | tuple) else ({eos} if eos is not None else set())
+
+    @torch.inference_mode()
+    def generate(self, requests: Sequence[RolloutRequest]) -> list[Trajectory]:
+        """One Trajectory per request, in order. ``extra["kv_tokens_engine"]``: KV tokens each
+        forward actually attended to, counted from the mask (``[n]``, the forward that predicted
+        each token)."""
+        saved_threads = torch.get_num_threads()
+        if self.num_threads is None or self.num_threads == saved_threads:
+            return [self._generate_one(request) for request in requests]
+        torch.set_num_threads(self.num_threads)  # (a no-op once an in-process vLLM CPU engine pinned threads)
+        try:
+            return [self._generate_one(request) for request in requests]
+        finally:
+            torch.set_num_threads(saved_threads)
+
+    def _generate_one(self, request: RolloutRequest) -> Trajectory:
+        start = time.perf_counter()
+        ids, logprobs, kv_read, finish = self._decode(request)
+        return build_trajectory(
+            request,
+            ids,
+            logprobs,
+            self.token_table,
+            finish_reason=finish,
+            wall_time_s=time.perf_counter() - start,
+            extra={"engine": "reference", "kv_tokens_engine": kv_read},
+        )
+
+    def _decode(self, request: RolloutRequest) -> tuple[list[int], list[float], list[int], str]:
+        from transformers import DynamicCache
+
+        layout = request.layout
+        masked = request.mode == "da"
+        tracker = VisibilityTracker(layout, self.token_table) if masked else None
+        generator = None
+        if request.temperature > 0 and request.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(request.seed)
+
+        cache = DynamicCache(config=self.model.config)
+        prompt = torch.tensor([layout.input_ids], device=self.device)
+        logits = self.model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[0, -1]
+        ids: list[int] = []
+        logprobs: list[float] = []
+        kv_read = [layout.prompt_len]  # g_0 is predicted by the prefill's last row, which reads the prompt
+        for j in range(request.num_tokens):
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            token = self._pick(request, j, logits, generator)
+            ids.append(token)
+            logprobs.append(float(logp[token]))
+            if j >= request.num_forced and token in self.stop_ids:
+                return ids, logprobs, kv_read, "stop"
+            if j + 1 == request.num_tokens:
+                break
+            position = layout.prompt_len + j
+            mask = None
+            if tracker is not None:
+                visible = tracker.advance(token)
+                mask = self._mask(visible, position, layout.block_size)
+                kv_read.append(int(mask.sum()) if self._bool_mask else int((mask == 0).sum()))
+            else:
+                kv_read.append(position + 1)
+            logits = self.model(
+                input_ids=torch.tensor([[token]], device=self.device),
+                position_ids=torch.tensor([[position]], device=self.device),
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[0, -1]
+        return ids, logprobs, kv_read, "length"
+
+    def _pick(self, request: RolloutRequest, step: int, logits: torch.Tensor, generator) -> int:
+        if step < request.num_forced:
+            return request.forced_ids[step]
+        if request.temperature == 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float() / request.temperature, dim=-1)
+        if request.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            keep = sorted_probs.cumsum(-1) - sorted_probs < request.top_p  # always keeps the top token
+            probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    def _mask(self, visible, position: int, block_size: int) -> torch.Tensor:
+        """``[1, 1, 1, position + 1]`` mask for the forward at ``position``: keys in visible blocks."""
+        block_visible = torch.zeros(position // block_size + 1, dtype=torch.bool, device=self.device)
+        block_visible[torch.as_tensor(visible, dtype=torch.long, device=self.device)] = True
+        keys = block_visible[torch.arange(position + 1, device=self.device) // block_size]
+        if self._bool_mask:
+            return keys.view(1, 1, 1, -1)
+        additive = torch.zeros(keys.shape, dtype=self.model.dtype, device=self.device)
+        return additive.masked_fill_(~keys, torch.finfo(self.model.dtype).min).view(1, 1, 1, -1)

@@ -1,0 +1,62 @@
+"""Inference-side fixtures: a tiny Qwen3 checkpoint engines can load, the Acme example with its gold DA
+trace, and the reference engine."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+BLOCK_SIZE = 32
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """A 4-layer Qwen3 (hidden 128, 4 q / 2 KV heads, head_dim 32), random weights, fp32, with the local
+    tokenizer, saved like a hub checkpoint so vLLM and transformers load the same weights.
+
+    ``initializer_range=0.1`` (not the default 0.02) makes the random model's predictions depend
+    strongly on what it attends to, so masked and unmasked log-probs differ far above fp32 noise.
+    """
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+        initializer_range=0.1, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Qwen3ForCausalLM(config)
+    path = tmp_path_factory.mktemp("tiny_qwen3")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@dataclass(frozen=True)
+class GoldCase:
+    layout: object  # PromptLayout
+    gold_ids: tuple[int, ...]  # the protocol-correct completion, tokenized
+    founded: int  # chunk holding the founding year
+    public: int  # chunk holding the IPO year
+
+
+@pytest.fixture(scope="session")
+def acme(tokenizer):
+    """4 magic chunks of ~40 words (1197-token prompt); the gold trace plans, focuses on each fact's
+    chunk, computes in local mode and answers (114 tokens)."""
+    from rl.demo import acme_example, gold_completion
+    from rollouts.protocol import build_prompt
+
+    question, docs, founded, public = acme_example(num_chunks=4, chunk_words=40, seed=0)
+    layout = build_prompt(question, docs, tokenizer, block_size=BLOCK_SIZE, chunk_tokens=160)
+    gold = tokenizer(gold_completion(founded, public, thinking=False), add_special_tokens=False)["input_ids"]
+    return GoldCase(layout, tuple(gold), founded, public)
+
+
+@pytest.fixture(scope="session")
+def reference_engine(tiny_model_dir):
+    from rollouts.engines.reference import ReferenceEngine
+
+    return ReferenceEngine(tiny_model_dir, num_threads=1)  # tiny steps: one thread is fastest on shared CPUs
