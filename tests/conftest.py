@@ -44,6 +44,34 @@ def small_model(tokenizer):
     return build_tiny_model(tokenizer, config).eval()
 
 
+# Two small DA rows with different chunk counts: enough for padding, state-table and mask tests.
+TWO_ROW_COMPLETIONS = [
+    '<global>plan</global><focus magic_chunks="2">the mill</focus><local>so two</local><answer>2</answer>',
+    '<local>nothing to read</local><focus magic_chunks="1">bread</focus><answer>1</answer>',
+]
+
+
+@pytest.fixture(scope="session")
+def two_rows(tokenizer, token_table):
+    """``(traces, completion_ids)`` for two prompts (3 and 2 chunks, block size 16) and their completions."""
+    from rollouts.masks import trace_completion
+    from rollouts.protocol import build_prompt
+
+    layouts = [
+        build_prompt(
+            "Where is the mill?",
+            ["A quiet river. " * 8, "The old mill. " * 9, "Bread. " * 5],
+            tokenizer,
+            block_size=16,
+        ),
+        build_prompt(
+            "What is sold?", ["The baker sells bread. " * 6, "Snow falls. " * 4], tokenizer, block_size=16
+        ),
+    ]
+    ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in TWO_ROW_COMPLETIONS]
+    return [trace_completion(lay, i, token_table) for lay, i in zip(layouts, ids)], ids
+
+
 def pytest_terminal_summary(terminalreporter):
     """Name the artifacts tests left for CI (the dashboard screenshot), so the log says where they are."""
     artifacts = os.environ.get("HEED_ARTIFACTS_DIR")

@@ -4,13 +4,7 @@ import pytest
 import torch
 
 from rl.logprobs import completion_logprobs, pack
-from rollouts.masks import trace_completion, visible_chunks
-from rollouts.protocol import build_prompt
-
-COMPLETIONS = [
-    '<global>two</global><focus magic_chunks="2">the mill</focus><local>so</local><answer>2</answer>',
-    '<local>x</local><focus magic_chunks="1">bread</focus><answer>1</answer>',
-]
+from rollouts.masks import visible_chunks
 
 
 @pytest.fixture(scope="module")
@@ -19,20 +13,8 @@ def model(small_model):
 
 
 @pytest.fixture(scope="module")
-def rows(tokenizer, token_table):
-    layouts = [
-        build_prompt(
-            "Where is the mill?",
-            ["A river. " * 8, "The old mill. " * 9, "Bread. " * 5],
-            tokenizer,
-            block_size=16,
-        ),
-        build_prompt(
-            "What is sold?", ["The baker sells bread. " * 6, "Snow. " * 4], tokenizer, block_size=16
-        ),
-    ]
-    ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in COMPLETIONS]
-    return [trace_completion(lay, i, token_table) for lay, i in zip(layouts, ids)], ids
+def rows(two_rows):
+    return two_rows
 
 
 def decode_reference(model, trace, completion):

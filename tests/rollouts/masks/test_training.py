@@ -8,32 +8,14 @@ from rollouts.masks import (
     block_training_mask,
     dense_training_mask,
     mask_batch,
-    trace_completion,
     visible_chunks,
 )
-from rollouts.protocol import build_prompt
-
-COMPLETIONS = [
-    '<global>plan</global><focus magic_chunks="2">the mill</focus><local>so two</local><answer>2</answer>',
-    '<local>nothing to read</local><focus magic_chunks="1">bread</focus><answer>1</answer>',
-]
 
 
 @pytest.fixture(scope="module")
-def batch_rows(tokenizer, token_table):
-    layouts = [
-        build_prompt(
-            "Where is the mill?",
-            ["A quiet river. " * 8, "The old mill. " * 9, "Bread. " * 5],
-            tokenizer,
-            block_size=16,
-        ),
-        build_prompt(
-            "What is sold?", ["The baker sells bread. " * 6, "Snow falls. " * 4], tokenizer, block_size=16
-        ),
-    ]
-    completion_ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in COMPLETIONS]
-    traces = [trace_completion(lay, ids, token_table) for lay, ids in zip(layouts, completion_ids)]
+def batch_rows(two_rows):
+    traces, completion_ids = two_rows
+    layouts = [t.layout for t in traces]
     max_prompt = max(lay.prompt_len for lay in layouts)
     max_completion = max(len(t.row_state) for t in traces)
     starts = [max_prompt - lay.prompt_len for lay in layouts]  # TRL: prompts left-padded
