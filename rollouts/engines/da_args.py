@@ -75,6 +75,8 @@ def read_da_args(extra_args: dict[str, Any] | None, prompt_token_ids: Sequence[i
             wire = json.loads(wire)
         except ValueError as err:
             raise LayoutError(f"{LAYOUT_KEY} is not valid JSON: {err}") from None
+        except RecursionError:  # hostile nesting ("[[[[..."): reject, never a 500
+            raise LayoutError(f"{LAYOUT_KEY} is nested too deeply to be a DA layout") from None
     key = extra_args.get(ID_KEY)
     if key is not None and not isinstance(key, str):
         raise LayoutError(f"{ID_KEY} must be a string, got {type(key).__name__}")

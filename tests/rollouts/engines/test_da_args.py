@@ -49,6 +49,7 @@ def test_layout_may_travel_as_json_text():
         ({LAYOUT_KEY: {**LAYOUT.to_wire(), "block_size": "32"}}, IDS, "block_size"),
         ({LAYOUT_KEY: {**LAYOUT.to_wire(), "version": -1}}, IDS, "version"),
         ({LAYOUT_KEY: "not json"}, IDS, "JSON"),
+        ({LAYOUT_KEY: "[" * 100_000 + "]" * 100_000}, IDS, "nested too deeply"),  # RecursionError, not a 500
         ({LAYOUT_KEY: [1, 2]}, IDS, "must be a dict"),
         ({LAYOUT_KEY: LAYOUT.to_wire(), MODE_KEY: "nope"}, IDS, "heed_mode"),
         ({LAYOUT_KEY: LAYOUT.to_wire(), ID_KEY: 7}, IDS, "heed_id"),
