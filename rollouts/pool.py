@@ -12,8 +12,9 @@
   that would kill the RL step.
 - Weights: ``update_weights`` puts the tensors in Ray's object store once; every actor loads them with
   vLLM's ``reload_weights`` (the CPU path, DESIGN.md "Facts measured") and drops its prefix cache.
-  Replacement actors load the latest weights before their first shard. (GPU pools would broadcast
-  through an NCCL group as OpenRLHF/TRL do; that path is not built yet.)
+  Replacement actors load the latest weights before their first shard. (GPU pools should broadcast
+  through a group of their own as OpenRLHF/TRL do: ``rollouts/weight_sync.py`` builds that group,
+  tested with gloo on CPU; wiring it into this pool is not done yet.)
 
 Local Ray by default; ``ray_address`` joins an existing cluster. Each actor runs vLLM in-process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) without CPU pinning, so actors share cores fairly.
