@@ -1,6 +1,8 @@
 """Inference-side fixtures: a tiny Qwen3 checkpoint engines can load, the Acme example with its gold DA
 trace, and the reference engine."""
 
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -60,3 +62,30 @@ def reference_engine(tiny_model_dir):
     from rollouts.engines.reference import ReferenceEngine
 
     return ReferenceEngine(tiny_model_dir, num_threads=1)  # tiny steps: one thread is fastest on shared CPUs
+
+
+@contextmanager
+def environment(**env: str):
+    """Set environment variables for the block, then restore them (works in any fixture scope)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def perturbed_model(model_dir: str, seed: int):
+    """The checkpoint with every weight perturbed: a stand-in for one optimizer step."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    return model

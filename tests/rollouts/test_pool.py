@@ -9,11 +9,11 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from rollouts.engines import RolloutRequest
 from rollouts.engines.reference import ReferenceEngine
 from rollouts.protocol import PromptLayout
+from tests.rollouts.conftest import perturbed_model
 
 pytestmark = pytest.mark.slow
 
@@ -41,17 +41,7 @@ def ray_pool(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def new_weights(tiny_model_dir):
-    """The tiny model with every weight perturbed: a stand-in for one optimizer step."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
-    )
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=generator))
-    return model
+    return perturbed_model(tiny_model_dir, seed=1)
 
 
 def gold_requests(acme, n, mode="da"):

