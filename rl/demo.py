@@ -15,7 +15,7 @@ from rich.table import Table
 
 from data.tokenizer import build_tokenizer, word_list
 from rollouts.masks import KVShape, trace_completion
-from rollouts.protocol import build_prompt, parse_completion, token_bytes_table
+from rollouts.protocol import build_prompt, token_bytes_table
 
 
 def acme_example(num_chunks: int, chunk_words: int, seed: int) -> tuple[str, list[str], int, int]:
@@ -65,7 +65,7 @@ def run_demo(
     completion = gold_completion(founded, public, thinking)
     completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
     trace = trace_completion(layout, completion_ids, token_bytes_table(tokenizer))
-    parsed = parse_completion(completion, layout.num_chunks, thinking=thinking)
+    parsed = trace.parsed
 
     console.print(
         f"[bold]Prompt[/]: {layout.prompt_len} tokens, {layout.num_chunks} magic chunks "

@@ -33,7 +33,7 @@ from data.config import DataConfig, TaskConfig
 from data.tokenizer import build_tokenizer
 from rewards import score_trajectories
 from rollouts.masks import KVShape, trace_completion
-from rollouts.protocol import build_prompt, parse_completion, token_bytes_table
+from rollouts.protocol import build_prompt, token_bytes_table
 from rollouts.trajectory import Trajectory
 
 from .records import length_bin, step_metrics, trajectory_record
@@ -107,8 +107,8 @@ def write_sample_run(
         layout = layouts[i]
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         trace = trace_completion(layout, ids, table)
-        parsed = parse_completion(text, layout.num_chunks)
-        return Trajectory(examples[i], layout, ids, text, parsed, trace, mode=mode)
+        trace.parsed.text = text
+        return Trajectory(examples[i], layout, ids, text, trace.parsed, trace, mode=mode)
 
     def n_tokens(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -13,7 +13,6 @@ from typing import Any
 
 from rollouts.masks.visibility import trace_completion
 from rollouts.protocol.layout import PromptLayout
-from rollouts.protocol.parser import parse_completion
 from rollouts.protocol.tokens import TokenTextStream
 from rollouts.trajectory import ROLLOUT_MODES, Trajectory
 
@@ -82,13 +81,15 @@ def build_trajectory(
     layout = request.layout
     ids = [int(t) for t in completion_ids]
     text = decode_text(ids, token_table)
+    trace = trace_completion(layout, ids, token_table)
+    trace.parsed.text = text
     return Trajectory(
         example=request.example,
         layout=layout,
         completion_ids=ids,
         completion_text=text,
-        parsed=parse_completion(text, layout.num_chunks, thinking=layout.thinking),
-        trace=trace_completion(layout, ids, token_table),
+        parsed=trace.parsed,
+        trace=trace,
         mode=request.mode,
         finish_reason=finish_reason,
         logprobs=None if logprobs is None else [float(x) for x in logprobs],

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rollouts.protocol.layout import PromptLayout
-from rollouts.protocol.parser import GLOBAL, GLOBAL_STATE, ModeState, ProtocolParser
+from rollouts.protocol.parser import GLOBAL, GLOBAL_STATE, ModeState, ParsedCompletion, ProtocolParser
 from rollouts.protocol.tokens import TokenTextStream
 
 
@@ -148,6 +148,9 @@ class CompletionTrace:
     row_state: np.ndarray  # [n] int32
     kv_tokens: np.ndarray  # [n] int64
     kv_tokens_vanilla: np.ndarray  # [n] int64
+    parsed: ParsedCompletion | None = (
+        None  # the tracker's own parse of the completion (segments, answer, violations)
+    )
 
     @property
     def predicted_state(self) -> np.ndarray:
@@ -170,7 +173,8 @@ def trace_completion(
 ) -> CompletionTrace:
     """Replay a completion through :class:`VisibilityTracker`, recording every step.
 
-    The same tracker the engine runs, so trainer masks and accounting cannot drift from the engine.
+    The same tracker the engine runs, so trainer masks and accounting cannot drift from the engine;
+    its parse (``CompletionTrace.parsed``) is the completion's parse, so nobody parses it twice.
     """
     tracker = VisibilityTracker(layout, token_table)
     n = len(completion_ids)
@@ -185,4 +189,4 @@ def trace_completion(
         if j + 1 < n:
             kv[j + 1] = tracker.kv_tokens
     vanilla = layout.prompt_len + np.arange(n, dtype=np.int64)
-    return CompletionTrace(layout, tuple(index), row_state, kv, vanilla)
+    return CompletionTrace(layout, tuple(index), row_state, kv, vanilla, tracker.finish())

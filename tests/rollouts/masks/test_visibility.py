@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollouts.masks import KVShape, VisibilityTracker, trace_completion, visible_chunks
-from rollouts.protocol import GLOBAL_STATE, LOCAL_STATE, ModeState, build_prompt
+from rollouts.protocol import GLOBAL_STATE, LOCAL_STATE, ModeState, build_prompt, parse_completion
 
 DOCS = [
     f"Document {i}: " + "the baker sells bread at the market near the bridge. " * (3 + i) for i in range(1, 6)
@@ -94,6 +94,14 @@ def test_trace_accounting(layout, tokenizer, token_table):
     assert trace.kv_tokens.tolist() == expected
     assert trace.kv_tokens_vanilla.tolist() == [layout.prompt_len + j for j in range(n)]
     assert 0 < trace.saving < 1
+    # the tracker's parse is the text parse of the same completion
+    text_parse = parse_completion("".join(p for p, _ in PIECES), layout.num_chunks)
+    assert trace.parsed.segments == text_parse.segments
+    assert (
+        (trace.parsed.answer, trace.parsed.violations)
+        == (text_parse.answer, text_parse.violations)
+        == ("2", [])
+    )
     assert trace.saving == pytest.approx(1 - sum(expected) / sum(layout.prompt_len + j for j in range(n)))
 
 
