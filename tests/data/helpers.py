@@ -5,18 +5,9 @@ from __future__ import annotations
 import random
 
 from data.filler import TokenCounter
-from data.tasks import finalize, make_task
+from data.tasks import TASKS, finalize, make_task
 
-LENGTH_TASKS = (
-    "niah_single",
-    "niah_multikey",
-    "niah_multivalue",
-    "niah_multiquery",
-    "variable_tracking",
-    "multi_span",
-    "aggregation_cwe",
-    "aggregation_fwe",
-)
+LENGTH_TASKS = tuple(name for name, (cls, _) in TASKS.items() if cls.length_targeted)
 
 
 def generate(
