@@ -36,7 +36,6 @@ not depend on how the text was split into pieces; the hypothesis tests check exa
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -348,16 +347,3 @@ def parse_completion(text: str, num_chunks: int, thinking: bool = False) -> Pars
     result = parser.finish()
     result.text = text
     return result
-
-
-class Utf8Stream:
-    """Turns per-token byte strings into text, holding back incomplete UTF-8 sequences."""
-
-    def __init__(self):
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def __call__(self, data: bytes) -> str:
-        return self._decoder.decode(data)
-
-    def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)

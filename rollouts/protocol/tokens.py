@@ -11,10 +11,9 @@ tokens that are not special (Qwen3's ``<think>``) map to their content.
 
 from __future__ import annotations
 
+import codecs
 import json
 from functools import lru_cache
-
-from .parser import Utf8Stream
 
 
 @lru_cache(maxsize=1)
@@ -88,14 +87,14 @@ class TokenTextStream:
 
     def __init__(self, table: list[bytes]):
         self._table = table
-        self._utf8 = Utf8Stream()
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds back split characters
 
     def __call__(self, token_id: int) -> str:
         try:
             data = self._table[token_id]
         except IndexError:
             data = b""  # an id outside the vocabulary decodes to nothing; never raise on model output
-        return self._utf8(data) if data else ""
+        return self._utf8.decode(data) if data else ""
 
     def flush(self) -> str:
-        return self._utf8.flush()
+        return self._utf8.decode(b"", final=True)
