@@ -59,6 +59,90 @@ def _dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rl.export import ExportError, export_checkpoint, read_heed_json
+
+    try:
+        out = export_checkpoint(args.run_dir, args.out, step=args.step, overwrite=args.overwrite)
+    except ExportError as err:
+        print(f"heed: error: {err}", file=sys.stderr)
+        return 2
+    source = read_heed_json(out)["source"]
+    step = f" (step {source['step']})" if source["step"] is not None else ""
+    print(f"exported {source['checkpoint']}{step} of {args.run_dir} to {out}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from rl.evaluate import EvalError, eval_checkpoint, parse_modes, write_eval_json
+    from rl.export import ExportError
+
+    if args.run_dir and not Path(args.run_dir).is_dir():
+        print(f"heed: error: run directory {args.run_dir} does not exist", file=sys.stderr)
+        return 2
+    try:
+        report = eval_checkpoint(
+            args.checkpoint,
+            args.data,
+            split=args.split,
+            limit=args.limit,
+            modes=parse_modes(args.modes),
+            max_tokens=args.max_tokens,
+            num_actors=args.num_actors,
+            block_size=args.block_size,
+            thinking=True if args.thinking else None,
+            dtype=args.dtype,
+            kv_cache_gib=args.kv_cache_gib,
+        )
+    except (EvalError, ExportError) as err:
+        print(f"heed: error: {err}", file=sys.stderr)
+        return 2
+    Console().print(report.to_table(title=f"Eval of {args.checkpoint} on {args.data} [{args.split}]"))
+    step = report.meta.get("source_step") or 0
+    written = []
+    if args.run_dir:
+        from rl.dashboard.run_dir import RunWriter
+
+        name = args.name or f"{Path(args.checkpoint).name}-{args.split}"
+        written.append(RunWriter(args.run_dir).write_eval(name, step, report.results()))
+    written.append(write_eval_json(report, args.out or Path(args.checkpoint) / "eval.json", step))
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rl.config import ConfigError, load_run_config
+    from rl.train import Terminated, train
+
+    overrides = list(args.overrides) + list(getattr(args, "phase_overrides", ()))
+    try:
+        if args.resume:
+            if args.config:
+                print("heed: error: --resume reads RUN_DIR/config.yaml; drop --config", file=sys.stderr)
+                return 2
+            config_file = Path(args.resume) / "config.yaml"
+            if not config_file.is_file():
+                print(f"heed: error: {args.resume} holds no run to resume (no config.yaml)", file=sys.stderr)
+                return 2
+            config = load_run_config(config_file, overrides)
+        else:
+            config = load_run_config(args.config, overrides)
+    except ConfigError as err:
+        print(f"heed: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        train(config, resume=bool(args.resume))
+    except (FileExistsError, FileNotFoundError) as err:
+        print(f"heed: error: {err}", file=sys.stderr)
+        return 2
+    except Terminated as err:
+        print(f"heed: stopped: {err}", file=sys.stderr)
+        return 143
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="heed", description="RL post-training for models that control their own attention."
@@ -117,6 +201,71 @@ def build_parser() -> argparse.ArgumentParser:
         help="offline (default) writes under RUN_DIR/wandb; online needs `wandb login`",
     )
     dashboard.set_defaults(func=_dashboard)
+
+    export = commands.add_parser(
+        "export", help="write a run's policy as a plain HF model folder with DA chat template and heed.json"
+    )
+    export.add_argument(
+        "run_dir", help="run directory (sft/, checkpoints/checkpoint-N/, final/, config.yaml)"
+    )
+    export.add_argument(
+        "--step", type=int, help="export checkpoints/checkpoint-N (default: final/, else newest, else sft/)"
+    )
+    export.add_argument("--out", required=True, help="output folder (must be empty or absent)")
+    export.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    export.set_defaults(func=_export)
+
+    evaluate = commands.add_parser(
+        "eval", help="greedy eval of a checkpoint under da / da-nm / vanilla, by task and context length"
+    )
+    evaluate.add_argument("checkpoint", help="model folder (a `heed export` output carries its DA settings)")
+    evaluate.add_argument("--data", required=True, help="dataset folder from `heed data build`")
+    evaluate.add_argument("--split", default="test", help="split to evaluate (default: test)")
+    evaluate.add_argument(
+        "--limit", type=int, help="at most N examples per task, spread over its context lengths"
+    )
+    evaluate.add_argument("--modes", default="da,da-nm,vanilla", help="comma-separated rollout modes")
+    evaluate.add_argument("--max-tokens", type=int, default=128, help="generated tokens per example")
+    evaluate.add_argument("--out", help="eval JSON to write (default: CHECKPOINT/eval.json)")
+    evaluate.add_argument("--run-dir", help="also write RUN_DIR/eval/NAME.json for `heed dashboard`")
+    evaluate.add_argument("--name", help="eval name under --run-dir (default: <checkpoint folder>-<split>)")
+    evaluate.add_argument("--num-actors", type=int, default=1, help="vLLM engines (Ray actors)")
+    evaluate.add_argument(
+        "--block-size", type=int, help="KV block size when the checkpoint has no heed.json (default 32)"
+    )
+    evaluate.add_argument(
+        "--thinking", action="store_true", help="thinking-mode prompts when the checkpoint has no heed.json"
+    )
+    evaluate.add_argument("--dtype", help="vLLM dtype (default: float32 on CPU, auto on GPU)")
+    evaluate.add_argument(
+        "--kv-cache-gib", type=float, default=1.0, help="vLLM CPU KV cache per engine in GiB (CPU only)"
+    )
+    evaluate.set_defaults(func=_eval)
+
+    for name, help_text, phase_overrides in (
+        (
+            "train",
+            "the whole job: data, SFT warm start, DA-masked GRPO, eval, export, dashboard "
+            "(no --config: the embedded default configs/tiny.yaml, a tiny model on CPU)",
+            (),
+        ),
+        (
+            "sft",
+            "the SFT warm start alone (train with grpo.enabled=false): data, SFT under the DA mask, eval, export",
+            ("grpo.enabled=false",),
+        ),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--config", help="run config YAML (default: the embedded configs/tiny.yaml)")
+        sub.add_argument(
+            "--resume",
+            metavar="RUN_DIR",
+            help="continue the run in RUN_DIR from its last complete checkpoint (uses RUN_DIR/config.yaml)",
+        )
+        sub.add_argument(
+            "overrides", nargs="*", help="config overrides as dotted.key=value (e.g. grpo.max_steps=5)"
+        )
+        sub.set_defaults(func=_train, phase_overrides=phase_overrides)
     return parser
 
 

@@ -35,6 +35,33 @@ class PackedBatch:
     prompt_width: int  # P
 
 
+def da_attention(
+    traces: Sequence[CompletionTrace],
+    prompt_starts: Sequence[int],
+    seq_len: int,
+    attn_implementation: str = "sdpa",
+    device: str | torch.device = "cpu",
+) -> tuple[object, torch.Tensor]:
+    """``(attention_mask, position_ids)`` for rows laid out as ``[pad] prompt completion [pad]``.
+
+    ``prompt_starts[b]`` is where row ``b``'s prompt begins. The mask is the form
+    ``attn_implementation`` needs (see the module docstring); ``position_ids`` ``[B, T]`` number real
+    tokens from 0, as the engine does.
+    """
+    batch = mask_batch(traces, prompt_starts, seq_len)
+    if attn_implementation == "flex_attention":
+        mask = block_training_mask(batch, device=device)
+    elif attn_implementation in ("sdpa", "eager"):
+        mask = dense_training_mask(batch).to(device)
+        if attn_implementation == "eager":  # eager adds the mask to the logits: it needs a float mask
+            mask = torch.zeros(mask.shape, device=device).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    else:
+        raise ValueError(
+            f"attn_implementation must be 'sdpa', 'eager' or 'flex_attention', got {attn_implementation!r}"
+        )
+    return mask, batch.position_ids.to(device)
+
+
 def pack(
     traces: Sequence[CompletionTrace],
     completions: Sequence[Sequence[int]],
@@ -61,20 +88,8 @@ def pack(
         input_ids[b, start:width] = torch.tensor(trace.layout.input_ids)
         input_ids[b, width : width + len(ids)] = torch.tensor(list(ids), dtype=torch.long)
         completion_mask[b, : len(ids)] = True
-    batch = mask_batch(traces, starts, width + c_width)
-    if attn_implementation == "flex_attention":
-        mask = block_training_mask(batch, device=device)
-    elif attn_implementation in ("sdpa", "eager"):
-        mask = dense_training_mask(batch).to(device)
-        if attn_implementation == "eager":  # eager adds the mask to the logits: it needs a float mask
-            mask = torch.zeros(mask.shape, device=device).masked_fill_(~mask, torch.finfo(torch.float32).min)
-    else:
-        raise ValueError(
-            f"attn_implementation must be 'sdpa', 'eager' or 'flex_attention', got {attn_implementation!r}"
-        )
-    return PackedBatch(
-        input_ids.to(device), mask, batch.position_ids.to(device), completion_mask.to(device), width
-    )
+    mask, position_ids = da_attention(traces, starts, width + c_width, attn_implementation, device)
+    return PackedBatch(input_ids.to(device), mask, position_ids, completion_mask.to(device), width)
 
 
 def completion_logprobs(model, packed: PackedBatch, temperature: float = 1.0) -> torch.Tensor:

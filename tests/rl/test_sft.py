@@ -30,12 +30,17 @@ def test_collator_labels_completion_only(tokenizer):
     rows = [encode_sft_row(r, tokenizer, block_size=32) for r in acme_rows(2)]
     batch = DACollator(tokenizer)(rows)
     width = max(len(r["prompt_ids"]) for r in rows)
+    seq_len = batch["input_ids"].shape[1]
+    # logits are kept for the last rows only: the one predicting the first completion token and after
+    assert batch["logits_to_keep"] == seq_len - width + 1
+    assert batch["labels"].shape == (2, batch["logits_to_keep"])
     for b, row in enumerate(rows):
-        labels = batch["labels"][b]
-        assert (labels[:width] == IGNORE_INDEX).all()
+        labels = batch["labels"][b]  # labels[k] is the target of sequence position width - 1 + k
+        assert labels[0] == IGNORE_INDEX  # the last prompt position is not a target
         n = len(row["completion_ids"])
-        assert labels[width : width + n].tolist() == row["completion_ids"]
-        assert (labels[width + n :] == IGNORE_INDEX).all()
+        assert labels[1 : 1 + n].tolist() == row["completion_ids"]
+        assert batch["input_ids"][b, width : width + n].tolist() == row["completion_ids"]
+        assert (labels[1 + n :] == IGNORE_INDEX).all()
         assert row["completion_ids"][-1] == tokenizer.eos_token_id
     assert batch["attention_mask"].shape == (2, 1, batch["input_ids"].shape[1], batch["input_ids"].shape[1])
 

@@ -1,0 +1,238 @@
+"""The ``heed train`` run config: one YAML file, one section per phase, validated on load.
+
+    run:        name, run directory, seed, thinking mode, KV block size
+    model:      a hub model or the tiny built-in one; dtype, attention implementation
+    tokenizer:  the model's tokenizer or the local BPE
+    data:       a built dataset folder (data.path) or an inline data build (data.build); splits
+    curriculum: context-length stages and the task mix GRPO samples prompts with
+    sft:        the warm start on gold traces      grpo:    the RL phase (TRL's GRPO knobs, DeepSpeed)
+    rollout:    the Ray pool of vLLM engines       rewards: rewards/config.py's RewardConfig
+    eval:       which modes are evaluated, when    logging: wandb      export: the served checkpoint
+
+Every key is documented where it is defined (``rl/config_sections.py``; the comment after each field) and
+checked before anything starts; an error names the key by its dotted path and, for a typo, the near miss::
+
+    heed: error: configs/tiny.yaml: unknown key 'grpo.num_generation' (did you mean 'num_generations'?)
+
+``load_run_config(None)`` is the embedded default, ``configs/tiny.yaml``: the whole job (data build, SFT,
+GRPO, evaluation, export) on a tiny model on CPU. Overrides are ``dotted.key=value`` with a YAML value
+(``grpo.max_steps=5``, ``rollout.engine_kwargs.max_model_len=4096``). Secrets (``SECRET_FIELDS``) are
+accepted but never written back (:func:`save_run_config`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import yaml
+
+from rewards.config import RewardConfig
+from rl.config_sections import (
+    REPO_ROOT,
+    SHARE_ROOT,
+    ConfigError,
+    ContextStage,
+    CurriculumSection,
+    DataSection,
+    EvalSection,
+    ExportSection,
+    GRPOSection,
+    LoggingSection,
+    ModelSection,
+    RolloutSection,
+    RunSection,
+    Section,
+    SFTSection,
+    TokenizerSection,
+    check,
+    from_mapping,
+)
+
+SECRET_FIELDS = frozenset({"logging.wandb_api_key"})  # dropped by to_dict(redact=True) and save_run_config
+DEFAULT_CONFIG = Path("configs") / "tiny.yaml"  # the embedded default, relative to the repo or share dir
+
+
+@dataclass(kw_only=True)
+class RunConfig(Section):
+    """A whole ``heed train`` job. Sections check themselves; this checks how they fit together."""
+
+    SECTION: ClassVar[str] = ""
+
+    run: RunSection = field(default_factory=RunSection)  # name, run dir, seed, thinking, block size
+    model: ModelSection = field(default_factory=ModelSection)  # the policy
+    tokenizer: TokenizerSection = field(default_factory=TokenizerSection)  # its tokenizer
+    data: DataSection  # required: data.path or data.build
+    curriculum: CurriculumSection = field(default_factory=CurriculumSection)  # what GRPO samples, when
+    sft: SFTSection = field(default_factory=SFTSection)  # the warm start
+    grpo: GRPOSection = field(default_factory=GRPOSection)  # the RL phase
+    rollout: RolloutSection = field(default_factory=RolloutSection)  # the vLLM engines
+    rewards: RewardConfig = field(default_factory=RewardConfig)  # the composite reward
+    eval: EvalSection = field(default_factory=EvalSection)  # held-out evaluation
+    logging: LoggingSection = field(default_factory=LoggingSection)  # wandb
+    export: ExportSection = field(default_factory=ExportSection)  # the served checkpoint
+
+    def validate(self):
+        check(
+            self.model.path is None or self.tokenizer.path is not None,
+            "tokenizer.path",
+            "a pretrained model.path needs its own tokenizer: set tokenizer.path (usually model.path)",
+        )
+        if self.data.build is not None:
+            built = self.data.build.get("tokenizer", "local")
+            expected = "local" if self.tokenizer.path is None else self.tokenizer.path
+            check(
+                built == expected,
+                "data.build.tokenizer",
+                f"is {built!r} but the run trains with {expected!r} (tokenizer.path); build the data with "
+                "the tokenizer you train with, or chunk sizes and context lengths will not match",
+            )
+            tasks = {task.name for task in self.data.data_config().tasks}
+            for name in self.curriculum.task_mix:
+                check(
+                    name in tasks,
+                    f"curriculum.task_mix.{name}",
+                    f"data.build makes no such task; it builds {', '.join(sorted(tasks))}",
+                )
+        max_model_len = self.rollout.engine_kwargs.get("max_model_len")
+        if isinstance(max_model_len, int):
+            for key, tokens in (
+                ("grpo.max_completion_length", self.grpo.max_completion_length),
+                ("eval.max_tokens", self.eval.max_tokens),
+            ):
+                check(
+                    tokens < max_model_len,
+                    key,
+                    f"{tokens} leaves no room for the prompt in "
+                    f"rollout.engine_kwargs.max_model_len={max_model_len}",
+                )
+
+    def to_dict(self, redact: bool = True) -> dict:
+        """Plain data that ``parse_run_config`` reads back; ``redact`` drops ``SECRET_FIELDS``."""
+        out = asdict(self)
+        if redact:
+            for dotted in SECRET_FIELDS:
+                section, name = dotted.split(".")
+                out[section].pop(name, None)
+        return out
+
+
+def parse_run_config(raw: dict) -> RunConfig:
+    """A validated ``RunConfig`` from plain data (``ConfigError`` names the offending dotted key)."""
+    return from_mapping(RunConfig, raw, "")
+
+
+def default_config_path() -> Path:
+    """``configs/tiny.yaml`` of the source checkout (or editable install), else of the installed wheel."""
+    for root in (REPO_ROOT, SHARE_ROOT):
+        if (root / DEFAULT_CONFIG).is_file():
+            return root / DEFAULT_CONFIG
+    raise ConfigError(f"the embedded default {DEFAULT_CONFIG} is missing from {REPO_ROOT} and {SHARE_ROOT}")
+
+
+def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a YAML run config (None: the embedded default), apply ``dotted.key=value`` overrides, validate.
+
+    Relative ``data.build.imports[].path`` resolve against the config's folder (as in ``heed data build``),
+    ``grpo.deepspeed`` against the working directory, then the repo (or installed share dir); every other
+    relative path is relative to the working directory.
+    """
+    source = default_config_path() if path is None else Path(path)
+    if not source.is_file():
+        raise ConfigError(f"run config {source} does not exist")
+    try:
+        raw = yaml.safe_load(source.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: invalid YAML: {err}") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{source}: must be a mapping of sections (run:, model:, ...), got {type(raw).__name__}"
+        )
+    _resolve_import_paths(raw, source.parent)
+    raw = apply_overrides(raw, overrides)
+    try:
+        return parse_run_config(raw)
+    except ConfigError as err:
+        raise ConfigError(f"{source}{' with overrides' if overrides else ''}: {err}") from None
+
+
+def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
+    """A copy of ``raw`` with each ``dotted.key=value`` set (the value parsed as YAML; missing sections
+    are created). Setting ``data.path`` drops the file's ``data.build`` and vice versa (one replaces the
+    other).
+
+    >>> apply_overrides({"grpo": {"max_steps": 40}}, ["grpo.max_steps=5", "sft.enabled=false"])
+    {'grpo': {'max_steps': 5}, 'sft': {'enabled': False}}
+    """
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, text = str(item).partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise ConfigError(f"override {item!r}: expected dotted.key=value, e.g. grpo.max_steps=5")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML: {err}") from None
+        node = raw
+        for depth, part in enumerate(parts[:-1]):
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                where = ".".join(parts[: depth + 1])
+                raise ConfigError(f"override {item!r}: {where} is {node!r}, not a section with keys")
+        node[parts[-1]] = value
+        if parts[0] == "data" and len(parts) > 1 and parts[1] in ("path", "build") and value is not None:
+            raw["data"].pop("build" if parts[1] == "path" else "path", None)
+    return raw
+
+
+def save_run_config(config: RunConfig, path: str | Path) -> Path:
+    """Write ``config`` as YAML (what ``load_run_config`` reads back), without secrets."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = "# The resolved heed run config (defaults filled in, overrides applied, secrets removed).\n"
+    path.write_text(header + yaml.safe_dump(config.to_dict(redact=True), sort_keys=False))
+    return path
+
+
+def _resolve_import_paths(raw: dict, folder: Path) -> None:
+    data = raw.get("data")
+    build = data.get("build") if isinstance(data, dict) else None
+    imports = build.get("imports") if isinstance(build, dict) else None
+    for item in imports if isinstance(imports, list) else ():
+        if (
+            isinstance(item, dict)
+            and isinstance(item.get("path"), str)
+            and not Path(item["path"]).is_absolute()
+        ):
+            item["path"] = str((folder / item["path"]).resolve())
+
+
+__all__ = [
+    "SECRET_FIELDS",
+    "ConfigError",
+    "ContextStage",
+    "CurriculumSection",
+    "DataSection",
+    "EvalSection",
+    "ExportSection",
+    "GRPOSection",
+    "LoggingSection",
+    "ModelSection",
+    "RolloutSection",
+    "RunConfig",
+    "RunSection",
+    "SFTSection",
+    "TokenizerSection",
+    "apply_overrides",
+    "default_config_path",
+    "load_run_config",
+    "parse_run_config",
+    "save_run_config",
+]

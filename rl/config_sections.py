@@ -1,0 +1,496 @@
+"""The sections of a ``heed train`` run config, one dataclass per YAML section.
+
+Every field's trailing comment is its help text. Each section checks itself on construction and names the
+bad key by its dotted path (``grpo.num_generations: must be >= 2, got 1``); values are coerced to the
+field's type first, so YAML's ``1e-6`` (a string to PyYAML) is a float and a bad type is a clear error.
+The top-level ``RunConfig``, loading, overrides and saving are in ``rl/config.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import math
+import sys
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from data.config import OOD_SPLIT, SPLITS, parse_config
+from data.schema import DataError
+from data.tasks import TASKS
+from rl.model import TinyModelConfig
+from rollouts.trajectory import ROLLOUT_MODES
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # a source checkout or an editable install
+SHARE_ROOT = Path(sys.prefix) / "share" / "heed"  # where a wheel installs configs/ (pyproject data-files)
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention")  # eager is rejected: see ModelSection
+# TRL 1.16 GRPOConfig's accepted values (trl/trainer/grpo_config.py, `loss_type`, `scale_rewards` and
+# `vllm_importance_sampling_mode` help), hard-coded so loading a config does not import TRL.
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none")
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# transformers' SchedulerType values that need no lr_scheduler_kwargs (cosine_with_min_lr, warmup_stable_decay
+# and the others need arguments this schema does not carry).
+LR_SCHEDULERS = (
+    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
+    "inverse_sqrt",
+)  # fmt: skip
+WANDB_MODES = ("offline", "online", "disabled")
+# vllm.LLM arguments the run sets itself: model.path, run.block_size, run.seed.
+RESERVED_ENGINE_KWARGS = {"model": "model.path", "block_size": "run.block_size", "seed": "run.seed"}
+
+
+class ConfigError(ValueError):
+    """A run config that cannot run; the message starts with the dotted key to change."""
+
+
+def check(ok, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def unknown_key_message(path: str, key, known: typing.Sequence[str]) -> str:
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(known)}"
+    return f"unknown key {path!r}{hint}"
+
+
+def resolve_path(path: str) -> Path | None:
+    """``path`` if absolute, else the first of CWD, the repo root and the installed share dir that has it."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute():
+        return candidate if candidate.exists() else None
+    for root in search_roots():
+        if (root / candidate).exists():
+            return (root / candidate).resolve()
+    return None
+
+
+def search_roots() -> list[Path]:
+    """Where relative config paths are looked up, in order: CWD, the repo root, the installed share dir."""
+    return list(dict.fromkeys(p.resolve() for p in (Path.cwd(), REPO_ROOT, SHARE_ROOT)))
+
+
+# -- coercion: raw YAML values -> the field's declared type, errors by dotted path --------------------------
+
+
+def _join(where: str, key) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+@functools.cache
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def coerce(value, hint, key: str):
+    """``value`` as the type ``hint`` (a dict becomes the dataclass it describes), or ``ConfigError``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return coerce(value, inner, key)
+    if hint is bool:
+        check(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        check(
+            isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}"
+        )
+        return value
+    if hint is float:
+        if isinstance(value, str):  # PyYAML reads 1e-6 (no dot) as a string
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        check(ok, key, f"must be a finite number, got {value!r}")
+        return float(value)
+    if hint is str:
+        check(isinstance(value, str), key, f"must be a string, got {value!r}")
+        return value
+    if hint is dict or origin is dict:
+        check(isinstance(value, Mapping), key, f"must be a mapping, got {value!r}")
+        if not args:
+            return dict(value)
+        for k in value:
+            check(isinstance(k, str), _join(key, k), "keys must be strings")
+        return {k: coerce(v, args[1], _join(key, k)) for k, v in value.items()}
+    if origin is list:
+        check(isinstance(value, list), key, f"must be a list, got {value!r}")
+        return [coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if is_dataclass(hint):
+        return value if isinstance(value, hint) else from_mapping(hint, value, key)
+    raise TypeError(f"{key}: no coercion for type {hint!r}")
+
+
+def from_mapping(cls, raw, where: str):
+    """A ``cls`` from a YAML mapping: unknown keys are errors that suggest the near miss."""
+    raw = {} if raw is None else raw
+    check(isinstance(raw, Mapping), where or "the config", f"must be a mapping of keys, got {raw!r}")
+    known = [f.name for f in fields(cls) if f.init]
+    for key in raw:
+        if key not in known:
+            raise ConfigError(unknown_key_message(_join(where, key), key, known))
+    for f in fields(cls):
+        if f.init and f.default is MISSING and f.default_factory is MISSING and f.name not in raw:
+            raise ConfigError(f"{_join(where, f.name)}: missing (required)")
+    hints = _hints(cls)
+    values = {k: coerce(v, hints[k], _join(where, k)) for k, v in raw.items()}
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a foreign dataclass (TinyModelConfig, RewardConfig) checking itself
+        message = str(err).removeprefix(f"{cls.__name__}.")
+        if message != str(err):  # "RewardConfig.mfu must be ..." -> "rewards.mfu: must be ..."
+            name, _, rest = message.partition(" ")
+            raise ConfigError(f"{_join(where, name)}: {rest}") from None
+        raise ConfigError(f"{where}: {err}") from None
+
+
+class Section:
+    """Coerces its fields to their types, then runs ``validate``; ``SECTION`` is its YAML key."""
+
+    SECTION: ClassVar[str] = ""
+
+    def __post_init__(self):
+        hints = _hints(type(self))
+        for f in fields(self):
+            setattr(self, f.name, coerce(getattr(self, f.name), hints[f.name], _join(self.SECTION, f.name)))
+        self.validate()
+
+    def validate(self) -> None:
+        pass
+
+    def key(self, name: str) -> str:
+        return _join(self.SECTION, name)
+
+    def at_least(self, name: str, low, *, strict: bool = False) -> None:
+        value = getattr(self, name)
+        ok = value is None or (value > low if strict else value >= low)
+        check(ok, self.key(name), f"must be {'>' if strict else '>='} {low}, got {value!r}")
+
+    def one_of(self, name: str, choices: typing.Sequence[str]) -> None:
+        value = getattr(self, name)
+        check(value in choices, self.key(name), f"must be one of {', '.join(choices)}; got {value!r}")
+
+
+# -- the sections ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunSection(Section):
+    SECTION: ClassVar[str] = "run"
+
+    name: str = "tiny"  # run name (dashboards, wandb)
+    output_dir: str = "runs/tiny"  # the run directory: checkpoints, metrics, trajectories, export
+    seed: int = 0  # seeds model init, sampling order and rollouts
+    thinking: bool = False  # thinking-mode DA: the chat template's <think> format, gold_completion_thinking
+    block_size: int = 32  # KV block size layouts align to; multiple of 16 (GPU), of 32 on CPU vLLM
+
+    def validate(self):
+        check(self.name, self.key("name"), "must be a non-empty string")
+        check(self.output_dir, self.key("output_dir"), "must be a non-empty path")
+        self.at_least("seed", 0)
+        ok = self.block_size > 0 and self.block_size % 16 == 0
+        check(
+            ok,
+            self.key("block_size"),
+            f"must be a positive multiple of 16 (32 on CPU), got {self.block_size}",
+        )
+
+
+@dataclass
+class ModelSection(Section):
+    SECTION: ClassVar[str] = "model"
+
+    path: str | None = None  # HF model dir or hub id; None builds the tiny model below
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)  # tiny model shape (rl/model.py)
+    dtype: str = "float32"  # training dtype: float32, bfloat16 or float16
+    attn_implementation: str = "sdpa"  # sdpa (dense bool DA mask, CPU) or flex_attention (BlockMask, GPU)
+    trust_remote_code: bool = False  # passed to from_pretrained for hub models with custom code
+    # Recompute activations in backward (SFT and GRPO): needed for long contexts on real models.
+    gradient_checkpointing: bool = False
+
+    def validate(self):
+        check(self.path is None or self.path, self.key("path"), "must be a model dir, hub id or null")
+        self.one_of("dtype", DTYPES)
+        check(
+            self.attn_implementation != "eager",
+            self.key("attn_implementation"),
+            "eager is not supported: it needs an additive float mask (a boolean DA mask is silently wrong "
+            "there) and is slow; use sdpa (CPU) or flex_attention (GPU)",
+        )
+        self.one_of("attn_implementation", ATTN_IMPLEMENTATIONS)
+
+
+@dataclass
+class TokenizerSection(Section):
+    SECTION: ClassVar[str] = "tokenizer"
+
+    path: str | None = None  # HF tokenizer dir or hub id; None: the local BPE (data/tokenizer.py)
+
+
+@dataclass
+class DataSection(Section):
+    SECTION: ClassVar[str] = "data"
+
+    path: str | None = None  # an existing `heed data build` output folder (not checked at load)
+    # An inline data build (the keys of data/config.py's DataConfig), built into RUN_DIR/data at the start.
+    build: dict | None = None
+    train_split: str = "train"  # split the SFT and GRPO prompts come from
+    eval_split: str = "test"  # held-out split the evaluations read
+    eval_examples: int = 40  # held-out examples evaluated per mode; 0 = the whole split
+
+    def validate(self):
+        given = [k for k in ("path", "build") if getattr(self, k) is not None]
+        check(
+            len(given) == 1, "data", f"give exactly one of data.path or data.build, got {given or 'neither'}"
+        )
+        check(self.path is None or self.path, self.key("path"), "must be a folder path")
+        if self.build is not None:
+            self.data_config()
+        for name in ("train_split", "eval_split"):
+            self.one_of(name, (*SPLITS, OOD_SPLIT))
+        self.at_least("eval_examples", 0)
+
+    def data_config(self):
+        """The validated ``data.config.DataConfig`` of ``build`` (errors prefixed ``data.build``)."""
+        try:
+            return parse_config(self.build)
+        except DataError as err:
+            message = str(err)
+            if message.startswith("unknown key "):
+                raise ConfigError(f"unknown key data.build.{message.removeprefix('unknown key ')}") from None
+            if message.startswith("the config"):
+                raise ConfigError(f"data.build{message.removeprefix('the config')}") from None
+            raise ConfigError(f"data.build.{message}") from None
+
+
+@dataclass
+class ContextStage:
+    until_step: int | None  # last GRPO step of this stage (inclusive); None = to the end
+    max_context_tokens: int  # prompts whose example context_tokens exceed this are not sampled
+
+
+@dataclass
+class CurriculumSection(Section):
+    SECTION: ClassVar[str] = "curriculum"
+
+    context_schedule: list[ContextStage] = field(default_factory=list)  # stages in order; [] = no limit
+    task_mix: dict[str, float] = field(default_factory=dict)  # sampling weight per task; {} = natural mix
+
+    def validate(self):
+        last = 0
+        for i, stage in enumerate(self.context_schedule):
+            key = f"{self.key('context_schedule')}[{i}]"
+            check(stage.max_context_tokens > 0, f"{key}.max_context_tokens", "must be > 0")
+            if stage.until_step is None:
+                check(
+                    i == len(self.context_schedule) - 1,
+                    f"{key}.until_step",
+                    "only the last stage may be null",
+                )
+            else:
+                check(stage.until_step > last, f"{key}.until_step", f"must be > {last} (steps increase)")
+                last = stage.until_step
+        for name, weight in self.task_mix.items():
+            key = f"{self.key('task_mix')}.{name}"
+            close = difflib.get_close_matches(name, list(TASKS), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"tasks: {', '.join(TASKS)}"
+            check(name in TASKS, key, f"unknown task ({hint})")
+            check(weight >= 0, key, f"must be >= 0, got {weight}")
+        ok = not self.task_mix or any(w > 0 for w in self.task_mix.values())
+        check(ok, self.key("task_mix"), "needs at least one weight > 0 (or {} for the natural mix)")
+
+
+@dataclass
+class SFTSection(Section):
+    SECTION: ClassVar[str] = "sft"
+
+    enabled: bool = True  # run the SFT warm start on gold traces before GRPO
+    max_steps: int = 300  # optimizer steps
+    per_device_batch_size: int = 16  # examples per step per device
+    learning_rate: float = 1e-3  # AdamW peak learning rate
+    warmup_steps: int = 100  # linear warm-up steps
+    weight_decay: float = 0.0  # AdamW weight decay
+    logging_steps: int = 10  # log the loss every N steps
+
+    def validate(self):
+        for name in ("max_steps", "per_device_batch_size", "logging_steps"):
+            self.at_least(name, 1)
+        self.at_least("learning_rate", 0, strict=True)
+        self.at_least("warmup_steps", 0)
+        self.at_least("weight_decay", 0)
+
+    def to_sft_config(self, run: RunSection, output_dir: str, deepspeed: str | None):
+        """The ``rl.sft.SFTConfig`` for this section under ``run`` (seed, block size, thinking)."""
+        from rl.sft import SFTConfig
+
+        return SFTConfig(
+            output_dir=output_dir, max_steps=self.max_steps, per_device_batch_size=self.per_device_batch_size,
+            learning_rate=self.learning_rate, warmup_steps=self.warmup_steps, weight_decay=self.weight_decay,
+            logging_steps=self.logging_steps, seed=run.seed, block_size=run.block_size, thinking=run.thinking,
+            deepspeed=deepspeed,
+        )  # fmt: skip
+
+
+@dataclass
+class GRPOSection(Section):
+    SECTION: ClassVar[str] = "grpo"
+
+    enabled: bool = True  # run GRPO after the warm start
+    max_steps: int = 40  # optimizer steps
+    learning_rate: float = 1e-4  # AdamW peak learning rate
+    warmup_steps: int = 0  # linear warm-up steps (the "constant" scheduler has none: constant_with_warmup)
+    lr_scheduler_type: str = "constant"  # transformers scheduler: constant, constant_with_warmup, linear, ...
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradient clipping norm; 0 disables clipping
+    prompts_per_step: int = 8  # distinct prompts per optimizer step
+    num_generations: int = 4  # completions per prompt (the group the advantage is normalized in), >= 2
+    # Micro-steps per optimizer step: per-device micro-batch = prompts_per_step * num_generations
+    # / (trainer processes * gradient_accumulation_steps).
+    gradient_accumulation_steps: int = 1
+    temperature: float = 1.0  # rollout sampling temperature, > 0
+    top_p: float = 1.0  # rollout nucleus sampling, in (0, 1]
+    max_completion_length: int = 96  # generated tokens per completion
+    beta: float = 0.0  # KL coefficient to the reference model; 0 loads no reference model
+    loss_type: str = "dapo"  # TRL loss: grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo
+    epsilon: float = 0.2  # lower clip of the importance ratio (1 - epsilon)
+    epsilon_high: float | None = None  # upper clip (1 + epsilon_high); None = epsilon (DAPO uses 0.28)
+    num_iterations: int = 1  # optimizer passes over each generation batch (TRL's mu)
+    scale_rewards: str = "group"  # advantage scaling: group (std per group), batch, none (Dr. GRPO)
+    importance_sampling_correction: bool = True  # correct rollout-vs-trainer log-prob mismatch (TRL's vllm_*)
+    importance_sampling_mode: str = "token_truncate"  # {token,sequence}_{truncate,mask}: clip or drop ratios
+    importance_sampling_clip_max: float = 3.0  # upper bound of the correction ratio
+    deepspeed: str | None = None  # DeepSpeed JSON (e.g. configs/deepspeed/zero2.json); relative: CWD or repo
+    logging_steps: int = 1  # log metrics every N optimizer steps
+    save_steps: int = 10  # checkpoint every N optimizer steps
+    save_total_limit: int | None = 3  # checkpoints kept (oldest deleted); None keeps all
+    log_trajectories: int = 4  # trajectories per step written to the run dir for the dashboard
+
+    def validate(self):
+        for name in ("max_steps", "prompts_per_step", "gradient_accumulation_steps", "max_completion_length"):
+            self.at_least(name, 1)
+        for name in ("num_iterations", "logging_steps", "save_steps", "save_total_limit"):
+            self.at_least(name, 1)
+        self.at_least("num_generations", 2)
+        for name in ("learning_rate", "temperature", "epsilon", "importance_sampling_clip_max"):
+            self.at_least(name, 0, strict=True)
+        for name in ("warmup_steps", "weight_decay", "max_grad_norm", "beta", "log_trajectories"):
+            self.at_least(name, 0)
+        check(0 < self.top_p <= 1, self.key("top_p"), f"must be in (0, 1], got {self.top_p}")
+        self.at_least("epsilon_high", 0, strict=True)
+        self.one_of("lr_scheduler_type", LR_SCHEDULERS)
+        check(
+            not (self.lr_scheduler_type == "constant" and self.warmup_steps > 0),
+            self.key("warmup_steps"),
+            "the 'constant' scheduler ignores warm-up; use lr_scheduler_type: constant_with_warmup",
+        )
+        self.one_of("loss_type", LOSS_TYPES)
+        self.one_of("scale_rewards", SCALE_REWARDS)
+        self.one_of("importance_sampling_mode", IMPORTANCE_SAMPLING_MODES)
+        check(
+            not (self.loss_type == "vespo" and self.importance_sampling_mode.startswith("sequence")),
+            self.key("importance_sampling_mode"),
+            "loss_type vespo needs token_truncate or token_mask (TRL raises otherwise)",
+        )
+        completions = self.prompts_per_step * self.num_generations
+        check(
+            completions % self.gradient_accumulation_steps == 0,
+            self.key("gradient_accumulation_steps"),
+            f"grpo.prompts_per_step * grpo.num_generations = {completions} completions per step must be "
+            f"divisible by it, got {self.gradient_accumulation_steps}",
+        )
+        if self.deepspeed is not None:
+            check(
+                resolve_path(self.deepspeed),
+                self.key("deepspeed"),
+                f"{self.deepspeed!r} not found (relative paths are tried from "
+                f"{', '.join(map(str, search_roots()))}); use e.g. configs/deepspeed/zero2.json",
+            )
+
+    @property
+    def deepspeed_path(self) -> str | None:
+        """``deepspeed`` resolved to an absolute path (None when unset)."""
+        return None if self.deepspeed is None else str(resolve_path(self.deepspeed))
+
+
+@dataclass
+class RolloutSection(Section):
+    SECTION: ClassVar[str] = "rollout"
+
+    num_actors: int = 1  # vLLM engines, one Ray actor each
+    num_cpus_per_actor: float = 1.0  # Ray CPUs each actor reserves
+    num_gpus_per_actor: float = 0.0  # Ray GPUs each actor reserves (0 on CPU)
+    ray_address: str | None = None  # None: a local Ray; "auto" or host:port joins an existing cluster
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM arguments
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the actors (e.g. VLLM_*)
+    max_attempts: int = 3  # tries per request before it comes back as a failed trajectory
+
+    def validate(self):
+        self.at_least("num_actors", 1)
+        self.at_least("num_cpus_per_actor", 0)
+        self.at_least("num_gpus_per_actor", 0)
+        self.at_least("max_attempts", 1)
+        check(
+            self.ray_address is None or self.ray_address,
+            self.key("ray_address"),
+            "must be an address or null",
+        )
+        for name, owner in RESERVED_ENGINE_KWARGS.items():
+            check(
+                name not in self.engine_kwargs, f"{self.key('engine_kwargs')}.{name}", f"set {owner} instead"
+            )
+
+
+@dataclass
+class EvalSection(Section):
+    SECTION: ClassVar[str] = "eval"
+
+    modes: list[str] = field(default_factory=lambda: list(ROLLOUT_MODES))  # da, da-nm (no mask), vanilla
+    max_tokens: int = 128  # generated tokens per evaluated completion
+    before_training: bool = True  # evaluate the untrained model first (the baseline)
+    after_sft: bool = True  # evaluate between the warm start and GRPO
+
+    def validate(self):
+        check(self.modes, self.key("modes"), f"must list at least one of {', '.join(ROLLOUT_MODES)}")
+        for i, mode in enumerate(self.modes):
+            check(
+                mode in ROLLOUT_MODES,
+                f"{self.key('modes')}[{i}]",
+                f"must be one of {ROLLOUT_MODES}, got {mode!r}",
+            )
+        check(len(set(self.modes)) == len(self.modes), self.key("modes"), "lists a mode twice")
+        self.at_least("max_tokens", 1)
+
+
+@dataclass
+class LoggingSection(Section):
+    SECTION: ClassVar[str] = "logging"
+
+    wandb_mode: str = "offline"  # offline (files under the run dir), online or disabled
+    wandb_project: str = "heed"  # wandb project name
+    wandb_api_key: str | None = field(default=None, repr=False)  # secret: used, never saved or printed
+
+    def validate(self):
+        self.one_of("wandb_mode", WANDB_MODES)
+        check(self.wandb_project, self.key("wandb_project"), "must be a non-empty string")
+
+
+@dataclass
+class ExportSection(Section):
+    SECTION: ClassVar[str] = "export"
+
+    enabled: bool = True  # export the final policy for serving
+    out: str | None = None  # export folder; None = RUN_DIR/export

@@ -1,0 +1,427 @@
+"""``heed eval``: a policy on a dataset split under the paper's three columns, by task and context length.
+
+The columns (``rollouts.trajectory.ROLLOUT_MODES``):
+
+- ``da``: the DA prompt, decoded with the DA mask on — the engine reads only what the mode allows;
+- ``da-nm``: the same prompt with full causal attention (the paper's control: what the mask costs);
+- ``vanilla``: the same prompt run by the stock engine, nothing attached. Every mode uses one layout
+  (``data.prompts.layout_example``, the one place a row becomes a prompt), so with greedy decoding
+  ``vanilla`` writes what ``da-nm`` writes; it is the stock-engine reference the savings are measured
+  against. (The paper's Vanilla also drops the DA instructions from the prompt; the layout code has no
+  such prompt yet.)
+
+Per example and mode: one greedy request (temperature 0) → a :class:`~rollouts.trajectory.Trajectory`
+→ :func:`rewards.score_trajectories`. Aggregated per (mode, task, context-length bin):
+
+- ``accuracy``, ``compliance``: means of the reward components; ``coverage``: mean share of the evidence
+  chunks the model focused on, over the examples that know their evidence (``None`` when none does);
+- ``kv_tokens``: KV tokens the mode's engine actually read, summed over every decoding step of every
+  example (``Trajectory.kv_tokens_read``: the DA trace in ``da``, full causal reads otherwise);
+  ``kv_tokens_vanilla``: the same completions under causal attention; ``kv_saving = 1 - kv_tokens /
+  kv_tokens_vanilla`` (0 by construction for ``da-nm`` and ``vanilla``);
+- ``decode_steps``: mean generated tokens; ``mode_mix_global|focus|local``: share of generated tokens
+  by the mode they were predicted under (``records.predicted_modes``, the paper's Figure 5);
+- ``truncated`` / ``errors``: examples that hit ``max_tokens`` / that the engine failed.
+
+What it leaves out: sampling (greedy only), LLM-judge grading (the rewards' graders decide), and
+bytes or roofline time (tokens only; ``rewards.efficiency`` converts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from data.prompts import layout_example
+from rewards import RewardBreakdown, score_trajectories
+from rewards.config import DEFAULT_CONFIG, RewardConfig
+from rl.dashboard.records import MODES, bin_order, context_tokens, length_bin, predicted_modes
+from rollouts.engines.base import RolloutRequest
+from rollouts.trajectory import ROLLOUT_MODES, Trajectory
+
+Generate = Callable[[list[RolloutRequest]], list[Trajectory]]
+ALL = "all"  # task and length-bin label of the per-mode summaries
+
+
+class EvalError(ValueError):
+    """Bad eval input (checkpoint, data, split, modes); the message says what to change."""
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """One (mode, task, length bin) cell of the eval, or a mode's summary (task and bin ``"all"``)."""
+
+    mode: str
+    task: str
+    length_bin: str
+    n: int  # examples
+    accuracy: float  # mean graded accuracy
+    compliance: float  # mean protocol compliance (0 or 1 each)
+    coverage: float | None  # mean evidence coverage; None: no example knows its evidence
+    kv_saving: float | None  # 1 - kv_tokens / kv_tokens_vanilla; None when nothing was decoded
+    kv_tokens: int  # KV tokens this mode's engine read, all steps of all examples
+    kv_tokens_vanilla: int  # the same completions under causal attention
+    decode_steps: float  # mean generated tokens per example
+    mode_mix_global: float | None  # share of generated tokens predicted under each mode
+    mode_mix_focus: float | None
+    mode_mix_local: float | None
+    truncated: int = 0  # examples that stopped at max_tokens
+    errors: int = 0  # examples the engine failed (scored 0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EvalReport:
+    """Scored trajectories of an eval, in request order, and their aggregates."""
+
+    trajectories: list[Trajectory]
+    rewards: list[RewardBreakdown]
+    modes: tuple[str, ...] = ROLLOUT_MODES  # column order
+    wall_time_s: float = 0.0  # generation time of the whole eval
+    meta: dict = field(default_factory=dict)  # what was evaluated (checkpoint, data, split, ...)
+
+    def __post_init__(self):
+        if len(self.trajectories) != len(self.rewards):
+            raise ValueError(f"{len(self.trajectories)} trajectories but {len(self.rewards)} rewards")
+
+    @cached_property
+    def rows(self) -> list[EvalRow]:
+        """One row per (mode, task, length bin), modes in column order, then task, then bin."""
+        groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+        for i, t in enumerate(self.trajectories):
+            groups[(t.mode, _task(t), length_bin(context_tokens(t)))].append(i)
+        keys = sorted(groups, key=lambda k: (self._mode_order(k[0]), k[1], bin_order(k[2]), k[2]))
+        return [self._summarize(*key, groups[key]) for key in keys]
+
+    @cached_property
+    def summaries(self) -> list[EvalRow]:
+        """One row per mode over every task and length (pooled over examples, not averaged over rows)."""
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, t in enumerate(self.trajectories):
+            groups[t.mode].append(i)
+        return [
+            self._summarize(mode, ALL, ALL, groups[mode]) for mode in sorted(groups, key=self._mode_order)
+        ]
+
+    def by_mode(self) -> dict[str, dict]:
+        """``{mode: summary}`` (JSON-ready :class:`EvalRow` fields, task and length bin ``"all"``)."""
+        return {row.mode: row.to_dict() for row in self.summaries}
+
+    def results(self) -> list[dict]:
+        """The ``results`` list of an ``eval/<name>.json`` file (``RunWriter.write_eval``)."""
+        return [row.to_dict() for row in self.rows]
+
+    def to_json(self, step: int | None = None) -> dict:
+        """A standalone eval file: the run-directory eval format plus the per-mode summaries and meta."""
+        return {
+            "step": step,
+            "time": time.time(),
+            **self.meta,
+            "modes": list(self.modes),
+            "wall_time_s": self.wall_time_s,
+            "results": self.results(),
+            "by_mode": self.by_mode(),
+        }
+
+    def to_table(self, title: str = "Eval"):
+        """A rich ``Table``: every cell, then one summary line per mode."""
+        from rich.table import Table
+
+        table = Table(title=title)
+        for name, justify in (
+            ("mode", "left"), ("task", "left"), ("context", "left"), ("n", "right"),
+            ("accuracy", "right"), ("compliance", "right"), ("coverage", "right"),
+            ("KV saving", "right"), ("KV tokens", "right"), ("steps", "right"),
+            ("global / focus / local", "right"), ("trunc / err", "right"),
+        ):  # fmt: skip
+            table.add_column(name, justify=justify)
+        for i, row in enumerate([*self.rows, *self.summaries]):
+            mix = " / ".join(_fmt(getattr(row, f"mode_mix_{m}"), "{:.0%}") for m in MODES)
+            table.add_row(
+                row.mode, row.task, row.length_bin, str(row.n),
+                _fmt(row.accuracy, "{:.3f}"), _fmt(row.compliance, "{:.3f}"), _fmt(row.coverage, "{:.3f}"),
+                _fmt(row.kv_saving, "{:.1%}"), f"{row.kv_tokens:,}", f"{row.decode_steps:.1f}",
+                mix, f"{row.truncated} / {row.errors}",
+                end_section=i == len(self.rows) - 1, style="bold" if row.task == ALL else None,
+            )  # fmt: skip
+        return table
+
+    def _mode_order(self, mode: str) -> int:
+        return self.modes.index(mode) if mode in self.modes else len(self.modes)
+
+    def _summarize(self, mode: str, task: str, label: str, indices: list[int]) -> EvalRow:
+        ts = [self.trajectories[i] for i in indices]
+        rs = [self.rewards[i] for i in indices]
+        coverage = [r.coverage for r in rs if r.coverage is not None]
+        kv = sum(int(t.kv_tokens_read.sum()) for t in ts)
+        kv_vanilla = sum(int(t.trace.kv_tokens_vanilla.sum()) for t in ts)
+        mix = Counter(m for t in ts for m in predicted_modes(t))
+        generated = sum(mix.values())
+        return EvalRow(
+            mode=mode,
+            task=task,
+            length_bin=label,
+            n=len(ts),
+            accuracy=_mean([r.accuracy for r in rs]),
+            compliance=_mean([r.compliance for r in rs]),
+            coverage=_mean(coverage) if coverage else None,
+            kv_saving=1.0 - kv / kv_vanilla if kv_vanilla else None,
+            kv_tokens=kv,
+            kv_tokens_vanilla=kv_vanilla,
+            decode_steps=_mean([len(t.completion_ids) for t in ts]),
+            mode_mix_global=mix["global"] / generated if generated else None,
+            mode_mix_focus=mix["focus"] / generated if generated else None,
+            mode_mix_local=mix["local"] / generated if generated else None,
+            truncated=sum(t.finish_reason == "length" for t in ts),
+            errors=sum(t.finish_reason == "error" for t in ts),
+        )
+
+
+def parse_modes(modes: str | Sequence[str]) -> tuple[str, ...]:
+    """``"da,da-nm"`` (or a sequence) -> validated, de-duplicated modes in the order given."""
+    names = [m.strip() for m in modes.split(",")] if isinstance(modes, str) else [str(m) for m in modes]
+    names = [m for m in names if m]
+    bad = [m for m in names if m not in ROLLOUT_MODES]
+    if bad or not names:
+        raise EvalError(f"modes must be a comma-separated subset of {','.join(ROLLOUT_MODES)}, got {modes!r}")
+    return tuple(dict.fromkeys(names))
+
+
+def select_examples(rows: Iterable[Mapping], limit: int | None = None) -> list[Mapping]:
+    """At most ``limit`` rows per task, taken round-robin over its context-length bins (so every bin of a
+    task is represented), in dataset order; every row when ``limit`` is ``None``."""
+    rows = list(rows)
+    if limit is None:
+        return rows
+    if limit < 1:
+        raise EvalError(f"--limit must be at least 1, got {limit}")
+    by_task: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for i, row in enumerate(rows):
+        by_task[str(row.get("task"))][length_bin(int(row.get("context_tokens") or 0))].append(i)
+    keep: list[int] = []
+    for bins in by_task.values():
+        queues = [list(reversed(q)) for q in bins.values()]
+        taken = 0
+        while taken < limit and any(queues):
+            for q in queues:
+                if q and taken < limit:
+                    keep.append(q.pop())
+                    taken += 1
+    return [rows[i] for i in sorted(keep)]
+
+
+def build_requests(
+    examples: Iterable[Mapping],
+    tokenizer,
+    *,
+    modes: Sequence[str] = ROLLOUT_MODES,
+    block_size: int = 32,
+    thinking: bool = False,
+    max_tokens: int = 128,
+) -> list[RolloutRequest]:
+    """One greedy request per example and mode (example-major), every mode on the example's one layout."""
+    modes = parse_modes(modes)
+    if max_tokens < 1:
+        raise EvalError(f"max_tokens must be at least 1, got {max_tokens}")
+    requests = []
+    for example in examples:
+        layout = layout_example(example, tokenizer, block_size=block_size, thinking=thinking)
+        row = dict(example)
+        requests += [
+            RolloutRequest(layout, mode, example=row, max_tokens=max_tokens, temperature=0.0)
+            for mode in modes
+        ]
+    return requests
+
+
+def run_requests(
+    requests: Sequence[RolloutRequest],
+    generate: Generate,
+    *,
+    modes: Sequence[str] | None = None,
+    reward_config: RewardConfig | None = None,
+) -> EvalReport:
+    """Generate ``requests`` in one call, score them, and report."""
+    requests = list(requests)
+    started = time.perf_counter()
+    trajectories = list(generate(requests))
+    wall = time.perf_counter() - started
+    if len(trajectories) != len(requests):
+        raise RuntimeError(f"generate returned {len(trajectories)} trajectories for {len(requests)} requests")
+    rewards = score_trajectories(trajectories, reward_config or DEFAULT_CONFIG).items
+    modes = parse_modes(modes) if modes is not None else tuple(dict.fromkeys(r.mode for r in requests))
+    return EvalReport(trajectories, rewards, modes, wall_time_s=wall)
+
+
+def evaluate(
+    examples: Iterable[Mapping],
+    generate: Generate,
+    tokenizer,
+    *,
+    modes: Sequence[str] = ROLLOUT_MODES,
+    block_size: int = 32,
+    thinking: bool = False,
+    max_tokens: int = 128,
+    reward_config: RewardConfig | None = None,
+) -> EvalReport:
+    """Evaluate dataset rows under each mode with greedy decoding.
+
+    ``generate`` is any engine's batch call: ``RolloutPool.generate``, ``VLLMEngine.generate`` or
+    ``ReferenceEngine.generate`` (a list of requests in, one Trajectory each, in order, out).
+    """
+    modes = parse_modes(modes)
+    requests = build_requests(
+        examples, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens
+    )
+    return run_requests(requests, generate, modes=modes, reward_config=reward_config)
+
+
+def eval_checkpoint(
+    checkpoint: str | Path,
+    data_dir: str | Path,
+    *,
+    split: str = "test",
+    limit: int | None = None,
+    modes: Sequence[str] = ROLLOUT_MODES,
+    max_tokens: int = 128,
+    num_actors: int = 1,
+    block_size: int | None = None,
+    thinking: bool | None = None,
+    dtype: str | None = None,
+    kv_cache_gib: float = 1.0,
+    reward_config: RewardConfig | None = None,
+) -> EvalReport:
+    """``heed eval``: a Ray rollout pool on ``checkpoint``, the split's rows, one report.
+
+    Block size and thinking mode come from the checkpoint's ``heed.json`` (an export); passing a value
+    that contradicts it is an error. Without ``heed.json`` they default to 32 and non-thinking.
+    """
+    from rl.export import read_heed_json
+    from rollouts.protocol import PROTOCOL_VERSION
+
+    checkpoint = Path(checkpoint)
+    if not (checkpoint / "config.json").is_file():
+        raise EvalError(f"checkpoint {checkpoint} is not a model folder (no config.json)")
+    modes = parse_modes(modes)
+    if num_actors < 1:
+        raise EvalError(f"--num-actors must be at least 1, got {num_actors}")
+    info = read_heed_json(checkpoint)
+    if info is not None:
+        if info.get("protocol_version") != PROTOCOL_VERSION:
+            raise EvalError(
+                f"{checkpoint} was trained on DA protocol version {info.get('protocol_version')}; this "
+                f"Heed lays out version {PROTOCOL_VERSION} prompts"
+            )
+        for name, given in (("block_size", block_size), ("thinking", thinking)):
+            if given is not None and given != info.get(name):
+                raise EvalError(f"{checkpoint}/heed.json says {name}={info.get(name)!r}; drop the flag")
+        block_size, thinking = int(info["block_size"]), bool(info["thinking"])
+    block_size = 32 if block_size is None else block_size
+    thinking = bool(thinking)
+
+    rows = select_examples(_load_split(data_dir, split), limit)
+    if not rows:
+        raise EvalError(f"split {split!r} of {data_dir} has no rows")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    try:
+        requests = build_requests(
+            rows, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens
+        )
+    except ValueError as err:  # a row that does not lay out (document longer than its chunk_tokens, ...)
+        raise EvalError(str(err)) from None
+    longest = max(r.layout.prompt_len for r in requests) + max_tokens
+    max_model_len = math.ceil(longest / block_size) * block_size
+
+    report = _run_on_pool(
+        checkpoint, requests, modes, num_actors, block_size, max_model_len, dtype, kv_cache_gib, reward_config
+    )
+    report.meta = {
+        "checkpoint": str(checkpoint),
+        "data": str(data_dir),
+        "split": split,
+        "limit": limit,
+        "max_tokens": max_tokens,
+        "block_size": block_size,
+        "thinking": thinking,
+        "source_step": (info or {}).get("source", {}).get("step"),
+    }
+    return report
+
+
+def write_eval_json(report: EvalReport, path: str | Path, step: int | None = None) -> Path:
+    """Write :meth:`EvalReport.to_json` whole (temporary file, then renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report.to_json(step), indent=1, allow_nan=False))
+    tmp.replace(path)
+    return path
+
+
+def _run_on_pool(
+    checkpoint, requests, modes, num_actors, block_size, max_model_len, dtype, kv_cache_gib, reward_config
+) -> EvalReport:
+    import ray
+    import torch
+
+    from rollouts.pool import PoolConfig, RolloutPool
+
+    on_gpu = torch.cuda.is_available()
+    engine_kwargs = {"max_model_len": max_model_len, "dtype": dtype or ("auto" if on_gpu else "float32")}
+    if on_gpu:
+        env = {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # the V1 runner the DA plugin hooks (README, rollouts)
+    else:
+        engine_kwargs["enforce_eager"] = True
+        env = {"VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}"}
+    config = PoolConfig(
+        str(checkpoint), num_actors=num_actors, block_size=block_size, engine_kwargs=engine_kwargs, env=env
+    )
+    started_ray = not ray.is_initialized()
+    pool = None
+    try:
+        pool = RolloutPool(config)
+        return run_requests(requests, pool.generate, modes=modes, reward_config=reward_config)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        if started_ray:
+            ray.shutdown()
+
+
+def _load_split(data_dir: str | Path, split: str) -> list[dict]:
+    import datasets
+
+    path = Path(data_dir)
+    if not path.is_dir():
+        raise EvalError(f"dataset folder {path} does not exist (build one with `heed data build`)")
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as err:
+        raise EvalError(f"{path} is not a saved dataset ({err})") from None
+    if not isinstance(dataset, datasets.DatasetDict):
+        raise EvalError(f"{path} holds a single Dataset; expected a DatasetDict with a {split!r} split")
+    if split not in dataset:
+        raise EvalError(f"{path} has no split {split!r}; it has {', '.join(dataset)}")
+    return list(dataset[split])
+
+
+def _task(t: Trajectory) -> str:
+    return str(t.example.get("task", "unknown")) if isinstance(t.example, Mapping) else "unknown"
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def _fmt(value: float | None, fmt: str) -> str:
+    return "–" if value is None else fmt.format(value)

@@ -1,0 +1,408 @@
+"""DA-masked GRPO: TRL's ``GRPOTrainer`` with rollouts from the Ray/vLLM pool and log-probs under the DA mask.
+
+The algorithm is TRL's GRPO, unchanged: sample ``G`` completions per prompt, score them, take the
+group-normalized reward as each completion's advantage, and step on the clipped importance-weighted
+policy gradient (plus a KL term when ``beta > 0``). Heed changes three things, each in one place here:
+
+1. **Where completions come from** (:class:`DARollout`, TRL's ``rollout_func``): every prompt is laid
+   out as a DA prompt and decoded by the rollout pool (vLLM with the DA plugin), which masks the KV
+   cache while decoding. Each completion comes back as a :class:`~rollouts.trajectory.Trajectory`
+   carrying its :class:`~rollouts.masks.CompletionTrace` (the per-token visibility) and the engine's
+   sampled-token log-probs.
+2. **Which attention the trainer's forward uses** (:meth:`HeedGRPOTrainer._get_per_token_logps_and_entropies`):
+   policy, old-policy and reference log-probs are all computed under the mask built from those
+   traces by the shared builder (:func:`rl.logprobs.da_attention`), so ``exp(logp_new - logp_old)`` compares
+   like with like. The traces travel in the batch dict TRL builds (``da_traces``), so TRL's shuffling and
+   splitting keep them aligned with their rows.
+3. **How weights reach the engines** (:class:`PoolWeightSync`): after every optimizer step, the
+   next generation first pushes the policy's parameters to every pool actor (gathered under ZeRO-3).
+
+TRL's vLLM importance-sampling correction stays on (``use_vllm`` is set after TRL's own set-up, so
+TRL starts no vLLM of its own): the ratio between the trainer's and the engine's log-prob of each
+sampled token corrects the gradient and is logged (``sampling/importance_sampling_ratio/*``,
+``sampling/sampling_logp_difference/*``). It is the mismatch detector: with the DA mask on both sides
+the difference is float noise; a trainer forward without the mask shows up there at once.
+
+Rewards are :mod:`rewards` (the composite DA reward and each component, logged as
+``rewards/<component>_reward/mean``); the batch's mode mix, KV reads and sampled trajectories go to the
+run directory the dashboards read (``rl/dashboard/run_dir.py``).
+
+Multi-process training: rank 0 owns the pool; the other ranks' prompts are gathered, generated in one
+pool call and scattered back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+
+from rewards.config import RewardConfig
+from rl.logprobs import da_attention
+from rollouts.engines.base import RolloutRequest
+from rollouts.masks import CompletionTrace, trace_completion
+from rollouts.protocol import PromptLayout, token_bytes_table
+from rollouts.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+# TRL metric names -> the run directory's names (rl/dashboard/run_dir.py); the rest keep TRL's name
+_RUN_DIR_NAMES = {
+    "sampling/importance_sampling_ratio/mean": "is_ratio/mean",
+    "sampling/importance_sampling_ratio/min": "is_ratio/min",
+    "sampling/importance_sampling_ratio/max": "is_ratio/max",
+}
+
+
+def named_parameters_gathered(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(HF name, full CPU tensor)`` for every parameter, one at a time (ZeRO-3 shards are gathered).
+
+    Tied parameters appear under each of their names (``lm_head.weight`` as well as
+    ``model.embed_tokens.weight``): vLLM's ``reload_weights`` keeps the old head otherwise (measured).
+    """
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if hasattr(param, "ds_id"):  # a ZeRO-3 partitioned parameter: gather it for the copy
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([param]):
+                yield name, param.detach().to("cpu", copy=True)
+        else:
+            yield name, param.detach().to("cpu", copy=True)
+
+
+class PoolWeightSync:
+    """What TRL's rollout path calls as ``trainer.vllm_generation.sync_weights()`` before generating
+    after an optimizer step: push the policy's weights to every pool actor."""
+
+    def __init__(self, trainer: GRPOTrainer, pool):
+        self.trainer, self.pool = trainer, pool
+        self.syncs = 0
+
+    def sync_weights(self) -> None:
+        accelerator = self.trainer.accelerator
+        model = accelerator.unwrap_model(self.trainer.model)
+        weights = list(named_parameters_gathered(model))  # every rank takes part in the gathers
+        if accelerator.is_main_process:
+            self.pool.update_weights(weights)
+        accelerator.wait_for_everyone()
+        self.syncs += 1
+
+
+class DARollout:
+    """TRL's ``rollout_func``: example ids in, DA completions from the pool out.
+
+    The training dataset's ``prompt`` column holds example ids; ``examples`` maps them to schema rows.
+    Returns what TRL requires (``prompt_ids``, ``completion_ids``, ``logprobs``) plus ``trajectory`` (one
+    per completion; the reward functions score it) — and keeps the batch's traces for the trainer.
+    """
+
+    def __init__(
+        self,
+        pool,
+        examples: Mapping[str, Mapping],
+        tokenizer,
+        *,
+        block_size: int = 32,
+        thinking: bool = False,
+        seed: int = 0,
+    ):
+        from data.prompts import layout_example
+
+        self.pool, self.examples, self.tokenizer = pool, examples, tokenizer
+        self.block_size, self.thinking, self.seed = block_size, thinking, seed
+        self.token_table = token_bytes_table(tokenizer)
+        self._layout_example = layout_example
+        self._layouts: dict[str, PromptLayout] = {}
+        self.calls = 0
+
+    def layout(self, example_id: str) -> PromptLayout:
+        if example_id not in self._layouts:
+            if example_id not in self.examples:
+                raise KeyError(f"prompt {example_id!r} is not an example id of the training data")
+            self._layouts[example_id] = self._layout_example(
+                self.examples[example_id], self.tokenizer, block_size=self.block_size, thinking=self.thinking
+            )
+        return self._layouts[example_id]
+
+    def requests(self, example_ids: Sequence[str], trainer: GRPOTrainer) -> list[RolloutRequest]:
+        step = trainer.state.global_step
+        return [
+            RolloutRequest(
+                self.layout(i),
+                "da",
+                example=dict(self.examples[i]),
+                max_tokens=trainer.max_completion_length,
+                temperature=trainer.temperature,
+                top_p=trainer.top_p,
+                seed=(self.seed * 1_000_003 + step * 10_007 + j) % 2**31,  # reproducible per step and slot
+            )
+            for j, i in enumerate(example_ids)
+        ]
+
+    def __call__(self, prompts: list[str], trainer: HeedGRPOTrainer) -> dict[str, list]:
+        from accelerate.utils import broadcast_object_list, gather_object
+
+        accelerator = trainer.accelerator
+        example_ids = [str(p) for p in prompts]
+        all_ids = gather_object(example_ids) if accelerator.num_processes > 1 else example_ids
+        started = time.perf_counter()
+        payload: list[Any] = [None]
+        if accelerator.is_main_process:
+            payload = [self.pool.generate(self.requests(all_ids, trainer))]
+        if accelerator.num_processes > 1:
+            broadcast_object_list(payload, from_process=0)
+        offset = accelerator.process_index * len(example_ids)
+        trajectories = [self._trainable(t) for t in payload[0][offset : offset + len(example_ids)]]
+        self.calls += 1
+        trainer.on_rollouts(trajectories, time.perf_counter() - started)
+        return {
+            "prompt_ids": [list(t.layout.input_ids) for t in trajectories],
+            "completion_ids": [list(t.completion_ids) for t in trajectories],
+            "logprobs": [list(t.logprobs) for t in trajectories],
+            "trajectory": trajectories,
+        }
+
+    def _trainable(self, trajectory: Trajectory) -> Trajectory:
+        """A failed rollout (no tokens) becomes one EOS with an unknown log-prob: TRL needs a token per
+        row; the reward still sees ``finish_reason="error"`` and scores it 0."""
+        if trajectory.completion_ids and trajectory.logprobs is not None:
+            return trajectory
+        ids = [self.tokenizer.eos_token_id]
+        trace = trace_completion(trajectory.layout, ids, self.token_table)
+        trajectory.completion_ids, trajectory.trace, trajectory.parsed = ids, trace, trace.parsed
+        trajectory.logprobs = [float("nan")]  # TRL gives NaN sampling log-probs an importance ratio of 1
+        trajectory.finish_reason = "error"
+        return trajectory
+
+
+class HeedGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` whose rollouts come from a :class:`DARollout` and whose log-probs use the DA mask.
+
+    Args:
+        rollout: the :class:`DARollout` (it owns the pool handle).
+        run_writer: optional :class:`~rl.dashboard.run_dir.RunWriter`; rank 0 appends one
+            ``metrics.jsonl`` line per logged step and ``log_trajectories`` sampled trajectories.
+        da_mask: ``False`` computes log-probs with TRL's plain causal forward (a control for tests and
+            ablations: the importance ratios then show the mismatch).
+        sampler: optional ``torch.utils.data.Sampler`` replacing TRL's ``RepeatSampler`` (the
+            curriculum); it must keep TRL's ordering contract (each prompt ``num_generations`` times in
+            a row, each generation batch repeated ``num_iterations * steps_per_generation`` times).
+        log_trajectories: trajectories per generation batch written to the run directory.
+        prompt_log: optional path of a JSONL file receiving ``{"step", "prompts"}`` per generation.
+        kv_shape: the model's :class:`~rollouts.masks.KVShape`, for KV bytes in the metrics.
+        reward_config: the :class:`~rewards.config.RewardConfig` the reward functions use (the
+            dashboard's per-batch reward breakdown is computed with it).
+        **kwargs: ``GRPOTrainer`` arguments (``model``, ``args``, ``train_dataset``, ``reward_funcs``, ...).
+    """
+
+    def __init__(
+        self,
+        *args,
+        rollout: DARollout,
+        run_writer=None,
+        da_mask: bool = True,
+        sampler=None,
+        log_trajectories: int = 4,
+        prompt_log: str | None = None,
+        kv_shape=None,
+        reward_config=None,
+        **kwargs,
+    ):
+        training_args = kwargs.get("args")
+        if training_args is not None and training_args.use_vllm:
+            raise ValueError(
+                "HeedGRPOTrainer generates with the rollout pool: leave GRPOConfig.use_vllm False "
+                "(the importance-sampling correction is turned on by the trainer itself)"
+            )
+        self._heed_sampler = sampler
+        super().__init__(*args, rollout_func=rollout, **kwargs)
+        self.rollout = rollout
+        self.run_writer = run_writer
+        self.da_mask = da_mask
+        self.log_trajectories = log_trajectories
+        self.prompt_log = prompt_log
+        self.kv_shape = kv_shape
+        self.reward_config = reward_config if reward_config is not None else RewardConfig()
+        # TRL's rollout_func path syncs weights through `vllm_generation` and corrects with the engine's
+        # log-probs only when `use_vllm` is set; the pool plays vLLM's part.
+        self.use_vllm = True
+        self.vllm_mode = "heed-pool"
+        self.vllm_generation = PoolWeightSync(self, rollout.pool)
+        self._last_loaded_step = -1
+        self._active_traces: list[CompletionTrace] | None = None
+        self._pending: dict[str, float | None] = {}
+        self._rollout_traces: list[CompletionTrace] = []
+
+    # -- data ------------------------------------------------------------------------------------------
+
+    def _get_train_sampler(self, dataset=None):
+        return self._heed_sampler if self._heed_sampler is not None else super()._get_train_sampler(dataset)
+
+    # -- rollouts --------------------------------------------------------------------------------------
+
+    def on_rollouts(self, trajectories: list[Trajectory], wall_time_s: float) -> None:
+        """Called by :class:`DARollout` with a generation batch: keep its traces (the old-policy and
+        reference forwards run on it next) and record what the dashboards show."""
+        from rewards.composite import score_trajectories
+        from rl.dashboard.records import step_metrics, trajectory_record
+
+        self._rollout_traces = [t.trace for t in trajectories]
+        self._active_traces = self._rollout_traces
+        if not self.accelerator.is_main_process:
+            return
+        step = self.state.global_step
+        rewards = score_trajectories(trajectories, self.reward_config).items
+        self._pending = step_metrics(trajectories, rewards, self.kv_shape, wall_time_s=wall_time_s)
+        if self.prompt_log is not None:
+            ids = [str(t.example.get("id")) for t in trajectories]
+            with open(self.prompt_log, "a") as f:
+                f.write(json.dumps({"step": step, "prompts": ids}) + "\n")
+        if self.run_writer is not None and self.log_trajectories > 0:
+            picks = range(0, len(trajectories), max(1, len(trajectories) // self.log_trajectories))
+            records = [
+                trajectory_record(trajectories[i], rewards[i], step, f"grpo-{step:05d}-{i:03d}")
+                for i in list(picks)[: self.log_trajectories]
+            ]
+            self.run_writer.log_trajectories(records, name="grpo")
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        output["da_traces"] = self._rollout_traces  # a list: TRL shuffles and splits it with the rows
+        return output
+
+    # -- the masked forward ----------------------------------------------------------------------------
+
+    def _compute_loss(self, model, inputs):
+        with self._traces(inputs["da_traces"]):
+            return super()._compute_loss(model, inputs)
+
+    @contextlib.contextmanager
+    def _traces(self, traces: list[CompletionTrace]):
+        saved, self._active_traces = self._active_traces, traces
+        try:
+            yield
+        finally:
+            self._active_traces = saved
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **multimodal,
+    ):
+        """Per-token log-probs ``[B, C]`` (and entropies) of the completions under the DA mask.
+
+        ``input_ids`` is TRL's ``[B, P + C]`` batch (prompts left-padded to ``P``, completions
+        right-padded to ``C = logits_to_keep``); row ``b`` is laid out by ``self._active_traces[b]``.
+        """
+        if not self.da_mask:
+            return super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **multimodal,
+            )
+        if any(v is not None for v in multimodal.values()):
+            raise ValueError("HeedGRPOTrainer trains text models only (multimodal inputs were given)")
+        traces = self._active_traces
+        if traces is None or len(traces) != input_ids.size(0):
+            raise RuntimeError(
+                f"DA traces for {0 if traces is None else len(traces)} rows, batch has {input_ids.size(0)}: "
+                "the trainer lost track of which trace belongs to which row"
+            )
+        batch_size = batch_size or input_ids.size(0)
+        all_logps, all_entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            end = min(start + batch_size, input_ids.size(0))
+            logps, entropies = masked_completion_logps(
+                model,
+                input_ids[start:end],
+                traces[start:end],
+                logits_to_keep,
+                temperature=self.temperature,
+                attn_implementation=self._attn_implementation(model),
+                compute_entropy=compute_entropy,
+                autocast=self.accelerator.autocast,
+            )
+            all_logps.append(logps)
+            if compute_entropy:
+                all_entropies.append(entropies)
+        logps = torch.cat(all_logps)
+        entropies = torch.cat(all_entropies) if compute_entropy else None
+        return logps, entropies, None
+
+    def _attn_implementation(self, model) -> str:
+        config = getattr(self.accelerator.unwrap_model(model), "config", None)
+        return getattr(config, "_attn_implementation", None) or "sdpa"
+
+    # -- logging ---------------------------------------------------------------------------------------
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        super().log(logs, start_time)
+        if self.run_writer is None or not self.accelerator.is_main_process or "loss" not in logs:
+            return
+        metrics = {_RUN_DIR_NAMES.get(k, k): v for k, v in logs.items() if isinstance(v, int | float)}
+        metrics.update(self._pending)  # the latest generation batch: mode mix, KV reads, rewards
+        self.run_writer.log_metrics(self.state.global_step, "grpo", metrics)
+
+
+def masked_completion_logps(
+    model,
+    input_ids: torch.Tensor,  # [B, P + C]
+    traces: Sequence[CompletionTrace],
+    logits_to_keep: int,
+    *,
+    temperature: float = 1.0,
+    attn_implementation: str = "sdpa",
+    compute_entropy: bool = False,
+    autocast=contextlib.nullcontext,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``([B, C] log-probs, [B, C] entropies or None)`` of the last ``C = logits_to_keep`` tokens of each
+    row, with each row attending as its DA trace says (padding positions get arbitrary values: the
+    caller's completion mask drops them)."""
+    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+    seq_len = input_ids.size(1)
+    width = seq_len - logits_to_keep
+    starts = []
+    for b, trace in enumerate(traces):
+        prompt = trace.layout.input_ids
+        start = width - len(prompt)
+        if start < 0 or not torch.equal(
+            input_ids[b, start:width].cpu(), torch.as_tensor(prompt, dtype=input_ids.dtype)
+        ):
+            raise RuntimeError(
+                f"row {b}: the batch's prompt tokens are not the ones its DA trace was built on"
+            )
+        if len(trace.row_state) > logits_to_keep:
+            raise RuntimeError(f"row {b}: trace covers {len(trace.row_state)} tokens > {logits_to_keep} kept")
+        starts.append(start)
+    # the trace covers the real completion tokens only; right padding is invisible to real rows anyway
+    mask, position_ids = da_attention(traces, starts, seq_len, attn_implementation, input_ids.device)
+    with autocast():
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            logits_to_keep=logits_to_keep + 1,
+            use_cache=False,
+        ).logits
+    logits = logits[:, :-1].float() / temperature  # [B, C, V]: position P + j - 1 predicts completion token j
+    targets = input_ids[:, width:]
+    logps = selective_log_softmax(logits, targets)
+    return logps, entropy_from_logits(logits) if compute_entropy else None

