@@ -10,7 +10,8 @@ test:
 demo: setup
 	.venv/bin/heed protocol demo
 
-# The README's dashboard picture: a sample run directory (gold and perturbed traces, not training),
+# The README's dashboard picture: the embedded default run (runs/tiny; trained first if absent),
 # rendered to HTML and photographed by headless Chromium (apt-get install chromium).
 screenshot: setup
-	.venv/bin/python -m rl.dashboard.browser docs/dashboard.png
+	test -f runs/tiny/report.html || .venv/bin/heed train
+	.venv/bin/python -m rl.dashboard.browser docs/dashboard.png runs/tiny

@@ -10,12 +10,20 @@ DEFAULT_CHUNK_TOKENS = 2048
 
 
 def layout_example(
-    example: Mapping, tokenizer, *, block_size: int = 32, thinking: bool = False
+    example: Mapping,
+    tokenizer,
+    *,
+    block_size: int = 32,
+    thinking: bool = False,
+    style: str = "auto",
+    instructions: bool = True,
 ) -> PromptLayout:
     """Lay out a schema row (``question``, ``documents``, optional ``chunk_tokens``) as a DA prompt.
 
     Each document is one magic chunk when the row was cut for its ``chunk_tokens`` (every generator and
-    importer does that), so ``evidence_chunks`` index the layout's chunks directly.
+    importer does that), so ``evidence_chunks`` index the layout's chunks directly. ``style`` and
+    ``instructions`` are :func:`~rollouts.protocol.build_prompt`'s: SFT, rollouts, eval and serving must
+    lay out prompts the same way.
     """
     chunk_tokens = int(example.get("chunk_tokens") or DEFAULT_CHUNK_TOKENS)
     layout = build_prompt(
@@ -25,6 +33,8 @@ def layout_example(
         block_size=block_size,
         chunk_tokens=chunk_tokens,
         thinking=thinking,
+        style=style,
+        instructions=instructions,
     )
     if layout.num_chunks != len(example["documents"]):
         raise ValueError(

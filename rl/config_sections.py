@@ -197,11 +197,20 @@ class RunSection(Section):
     seed: int = 0  # seeds model init, sampling order and rollouts
     thinking: bool = False  # thinking-mode DA: the chat template's <think> format, gold_completion_thinking
     block_size: int = 32  # KV block size layouts align to; multiple of 16 (GPU), of 32 on CPU vLLM
+    layout_style: str = "auto"  # DA prompt layout: tool (chat-template tool dialogue), plain, or auto
+    # Protocol instructions in the system message. A pretrained model needs them; a model that learns the
+    # protocol from SFT does not (the tiny default drops them: 350 tokens of every prompt on CPU).
+    instructions: bool = True
 
     def validate(self):
         check(self.name, self.key("name"), "must be a non-empty string")
         check(self.output_dir, self.key("output_dir"), "must be a non-empty path")
         self.at_least("seed", 0)
+        check(
+            self.layout_style in ("auto", "tool", "plain"),
+            self.key("layout_style"),
+            f"must be one of auto, tool, plain, got {self.layout_style!r}",
+        )
         ok = self.block_size > 0 and self.block_size % 16 == 0
         check(
             ok,
@@ -341,7 +350,7 @@ class SFTSection(Section):
             output_dir=output_dir, max_steps=self.max_steps, per_device_batch_size=self.per_device_batch_size,
             learning_rate=self.learning_rate, warmup_steps=self.warmup_steps, weight_decay=self.weight_decay,
             logging_steps=self.logging_steps, seed=run.seed, block_size=run.block_size, thinking=run.thinking,
-            deepspeed=deepspeed,
+            layout_style=run.layout_style, instructions=run.instructions, deepspeed=deepspeed,
         )  # fmt: skip
 
 

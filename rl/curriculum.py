@@ -2,7 +2,8 @@
 
 Generation batch ``k`` (one per optimizer step in the default set-up) draws ``prompts_per_batch``
 distinct examples with a generator seeded by ``(seed, k)``: only examples whose ``context_tokens``
-fit the schedule's stage for that step are eligible, and each task's share follows ``task_mix`` (an
+fit the schedule's stage for that step are eligible (a stage covers optimizer steps up to and including its
+``until_step``; batch ``k`` feeds step ``k * steps_per_batch + 1``), and each task's share follows ``task_mix`` (an
 empty mix keeps the dataset's natural proportions). Because batch ``k`` depends on nothing but
 ``(seed, k)``, a resumed run that skips the first ``k`` batches sees exactly the prompts the
 uninterrupted run would have seen — no repeats, no gaps.

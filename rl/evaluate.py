@@ -226,6 +226,8 @@ def build_requests(
     block_size: int = 32,
     thinking: bool = False,
     max_tokens: int = 128,
+    layout_style: str = "auto",
+    instructions: bool = True,
 ) -> list[RolloutRequest]:
     """One greedy request per example and mode (example-major), every mode on the example's one layout."""
     modes = parse_modes(modes)
@@ -233,7 +235,10 @@ def build_requests(
         raise EvalError(f"max_tokens must be at least 1, got {max_tokens}")
     requests = []
     for example in examples:
-        layout = layout_example(example, tokenizer, block_size=block_size, thinking=thinking)
+        layout = layout_example(
+            example, tokenizer, block_size=block_size, thinking=thinking, style=layout_style,
+            instructions=instructions,
+        )  # fmt: skip
         row = dict(example)
         requests += [
             RolloutRequest(layout, mode, example=row, max_tokens=max_tokens, temperature=0.0)
@@ -271,6 +276,8 @@ def evaluate(
     thinking: bool = False,
     max_tokens: int = 128,
     reward_config: RewardConfig | None = None,
+    layout_style: str = "auto",
+    instructions: bool = True,
 ) -> EvalReport:
     """Evaluate dataset rows under each mode with greedy decoding.
 
@@ -279,8 +286,9 @@ def evaluate(
     """
     modes = parse_modes(modes)
     requests = build_requests(
-        examples, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens
-    )
+        examples, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens,
+        layout_style=layout_style, instructions=instructions,
+    )  # fmt: skip
     return run_requests(requests, generate, modes=modes, reward_config=reward_config)
 
 
@@ -324,6 +332,8 @@ def eval_checkpoint(
             if given is not None and given != info.get(name):
                 raise EvalError(f"{checkpoint}/heed.json says {name}={info.get(name)!r}; drop the flag")
         block_size, thinking = int(info["block_size"]), bool(info["thinking"])
+    layout_style = info.get("layout_style", "auto") if info else "auto"
+    instructions = bool(info.get("instructions", True)) if info else True
     block_size = 32 if block_size is None else block_size
     thinking = bool(thinking)
 
@@ -335,8 +345,9 @@ def eval_checkpoint(
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     try:
         requests = build_requests(
-            rows, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens
-        )
+            rows, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens,
+            layout_style=layout_style, instructions=instructions,
+        )  # fmt: skip
     except ValueError as err:  # a row that does not lay out (document longer than its chunk_tokens, ...)
         raise EvalError(str(err)) from None
     longest = max(r.layout.prompt_len for r in requests) + max_tokens

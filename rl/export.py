@@ -21,6 +21,7 @@ What the export holds — a plain Hugging Face model folder, loadable with
   and leaves an explicit system message alone. The source template is kept as the named template
   ``"plain"`` (``additional_chat_templates/plain.jinja``; ``apply_chat_template(..., chat_template="plain")``);
 - ``heed.json``: what an engine needs to lay out DA prompts for this model (block size, thinking mode,
+  layout style, whether the prompts carry the protocol instructions,
   protocol version, Selective Attention budgets when trained) and where it came from.
 
 The export is written to a temporary folder beside ``out`` and renamed into place when complete, so a
@@ -111,11 +112,13 @@ def export_checkpoint(
     tmp.mkdir()
     try:
         _copy_weights(source, tmp)
-        _save_tokenizer(source, tmp, run["thinking"])
+        _save_tokenizer(source, tmp, run["thinking"], run["instructions"])
         info = {
             "protocol_version": PROTOCOL_VERSION,
             "block_size": run["block_size"],
             "thinking": run["thinking"],
+            "layout_style": run["layout_style"],
+            "instructions": run["instructions"],
             **({"selective_budgets": run["selective_budgets"]} if run.get("selective_budgets") else {}),
             "source": {
                 "run_dir": str(run_dir.resolve()),
@@ -207,7 +210,19 @@ def _run_settings(run_dir: Path) -> dict:
         and all(isinstance(b, int | float) and not isinstance(b, bool) for b in budgets)
     ):
         raise ExportError(f"{path}: selective.budgets must be a list of numbers, got {budgets!r}")
-    return {"block_size": block_size, "thinking": thinking, "selective_budgets": budgets}
+    layout_style, instructions = run.get("layout_style", "auto"), run.get("instructions", True)
+    if layout_style not in ("auto", "tool", "plain") or not isinstance(instructions, bool):
+        raise ExportError(
+            f"{path}: run.layout_style must be auto/tool/plain and run.instructions true or false, "
+            f"got {layout_style!r} and {instructions!r}"
+        )
+    return {
+        "block_size": block_size,
+        "thinking": thinking,
+        "layout_style": layout_style,
+        "instructions": instructions,
+        "selective_budgets": budgets,
+    }
 
 
 def _check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
@@ -228,7 +243,7 @@ def _copy_weights(source: Path, dest: Path) -> None:
             shutil.copy2(path, dest / path.name)
 
 
-def _save_tokenizer(source: Path, dest: Path, thinking: bool) -> None:
+def _save_tokenizer(source: Path, dest: Path, thinking: bool, instructions: bool = True) -> None:
     from transformers import AutoTokenizer
 
     try:
@@ -236,6 +251,9 @@ def _save_tokenizer(source: Path, dest: Path, thinking: bool) -> None:
     except (OSError, ValueError) as err:
         raise ExportError(f"the tokenizer in {source} cannot be loaded ({err})") from None
     template = tokenizer.chat_template
+    if not instructions:  # trained without the instructions in its prompts: serve it the same way
+        tokenizer.save_pretrained(dest)
+        return
     if isinstance(template, dict):  # named templates already (an export of an export): wrap the plain one
         base = template.get(PLAIN_TEMPLATE) or template.get("default")
         if base is None:

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from data.prompts import layout_example
 from rewards.config import RewardConfig
 from rl.logprobs import da_attention
 from rollouts.engines.base import RolloutRequest
@@ -110,23 +111,27 @@ class DARollout:
         *,
         block_size: int = 32,
         thinking: bool = False,
+        layout_style: str = "auto",
+        instructions: bool = True,
         seed: int = 0,
     ):
-        from data.prompts import layout_example
-
         self.pool, self.examples, self.tokenizer = pool, examples, tokenizer
         self.block_size, self.thinking, self.seed = block_size, thinking, seed
+        self.layout_style, self.instructions = layout_style, instructions
         self.token_table = token_bytes_table(tokenizer)
-        self._layout_example = layout_example
         self._layouts: dict[str, PromptLayout] = {}
-        self.calls = 0
 
     def layout(self, example_id: str) -> PromptLayout:
         if example_id not in self._layouts:
             if example_id not in self.examples:
                 raise KeyError(f"prompt {example_id!r} is not an example id of the training data")
-            self._layouts[example_id] = self._layout_example(
-                self.examples[example_id], self.tokenizer, block_size=self.block_size, thinking=self.thinking
+            self._layouts[example_id] = layout_example(
+                self.examples[example_id],
+                self.tokenizer,
+                block_size=self.block_size,
+                thinking=self.thinking,
+                style=self.layout_style,
+                instructions=self.instructions,
             )
         return self._layouts[example_id]
 
@@ -159,7 +164,6 @@ class DARollout:
             broadcast_object_list(payload, from_process=0)
         offset = accelerator.process_index * len(example_ids)
         trajectories = [self._trainable(t) for t in payload[0][offset : offset + len(example_ids)]]
-        self.calls += 1
         trainer.on_rollouts(trajectories, time.perf_counter() - started)
         return {
             "prompt_ids": [list(t.layout.input_ids) for t in trajectories],
@@ -353,10 +357,16 @@ class HeedGRPOTrainer(GRPOTrainer):
     # -- logging ---------------------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # the latest generation batch's mode mix, KV reads and rewards reach wandb too
+            logs = {**logs, **{f"heed/{k}": v for k, v in self._pending.items() if v is not None}}
         super().log(logs, start_time)
         if self.run_writer is None or not self.accelerator.is_main_process or "loss" not in logs:
             return
-        metrics = {_RUN_DIR_NAMES.get(k, k): v for k, v in logs.items() if isinstance(v, int | float)}
+        metrics = {
+            _RUN_DIR_NAMES.get(k, k): v
+            for k, v in logs.items()
+            if isinstance(v, int | float) and not k.startswith("heed/")
+        }
         metrics.update(self._pending)  # the latest generation batch: mode mix, KV reads, rewards
         self.run_writer.log_metrics(self.state.global_step, "grpo", metrics)
 

@@ -27,9 +27,19 @@ from rollouts.protocol import PromptLayout, token_bytes_table
 IGNORE_INDEX = -100
 
 
-def encode_sft_row(example: Mapping, tokenizer, *, block_size: int = 32, thinking: bool = False) -> dict:
+def encode_sft_row(
+    example: Mapping,
+    tokenizer,
+    *,
+    block_size: int = 32,
+    thinking: bool = False,
+    style: str = "auto",
+    instructions: bool = True,
+) -> dict:
     """Schema row -> the token-level fields the collator needs (msgpack/arrow friendly)."""
-    layout = layout_example(example, tokenizer, block_size=block_size, thinking=thinking)
+    layout = layout_example(
+        example, tokenizer, block_size=block_size, thinking=thinking, style=style, instructions=instructions
+    )
     completion = tokenizer(gold_completion(example, thinking), add_special_tokens=False)["input_ids"]
     return {
         "prompt_ids": list(layout.input_ids),
@@ -93,6 +103,8 @@ class SFTConfig:
     seed: int = 0
     block_size: int = 32  # KV block size the layouts are aligned to (engine's)
     thinking: bool = False  # train the <think> form of the gold traces
+    layout_style: str = "auto"  # prompt layout (build_prompt's style): tool, plain or auto
+    instructions: bool = True  # protocol instructions in the system message
     deepspeed: str | None = (
         None  # path to a DeepSpeed config (configs/deepspeed/*.json), None for plain DDP/CPU
     )
@@ -112,7 +124,14 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
 
     encoded = Dataset.from_list(
         [
-            encode_sft_row(r, tokenizer, block_size=config.block_size, thinking=config.thinking)
+            encode_sft_row(
+                r,
+                tokenizer,
+                block_size=config.block_size,
+                thinking=config.thinking,
+                style=config.layout_style,
+                instructions=config.instructions,
+            )
             for r in train_rows
         ]
     )

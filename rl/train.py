@@ -119,6 +119,7 @@ class TrainRecipe:
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_run_config(cfg, self.run_dir / "config.yaml")
+        self._save_state()  # from here on the folder is a run: `--resume` continues it
         torch.manual_seed(cfg.run.seed)
         self.writer = RunWriter(self.run_dir)
         with self._phase_timer("setup"):
@@ -173,12 +174,12 @@ class TrainRecipe:
 
         cfg = self.config.model
         dtype = getattr(torch, cfg.dtype)
-        for folder in (*reversed(complete_checkpoints(self.run_dir / "checkpoints")), self.run_dir / "sft"):
-            if (folder / "config.json").is_file() and (self.resume or folder.name == "sft"):
+        # the newest weights this run has: final policy, newest complete GRPO checkpoint, SFT, start
+        checkpoints = complete_checkpoints(self.run_dir / "checkpoints")
+        for folder in (self.run_dir / "final", *reversed(checkpoints), self.run_dir / "sft", self.run_dir / "init"):
+            if (folder / "config.json").is_file():
                 return self._load(folder, dtype), folder
         init = self.run_dir / "init"
-        if (init / "config.json").is_file():
-            return self._load(init, dtype), init
         if cfg.path:
             model = AutoModelForCausalLM.from_pretrained(
                 cfg.path, dtype=dtype, attn_implementation=cfg.attn_implementation,
@@ -230,9 +231,11 @@ class TrainRecipe:
     def run(self) -> dict[str, Any]:
         """Run every phase not yet completed; returns ``state`` (also in ``state.json``)."""
         cfg = self.config
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        previous = signal.getsignal(signal.SIGTERM)
         try:
             self.setup()
+            # after set-up: starting Ray installs its own SIGTERM handler in this process
+            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
             if cfg.eval.before_training:
                 self._once("eval_init", lambda: self.evaluate("init", step=0))
             if cfg.sft.enabled:
@@ -372,7 +375,8 @@ class TrainRecipe:
         args.reward_weights = weights
         rollout = DARollout(
             self.pool, self.examples, self.tokenizer, block_size=cfg.run.block_size,
-            thinking=cfg.run.thinking, seed=cfg.run.seed,
+            thinking=cfg.run.thinking, layout_style=cfg.run.layout_style, instructions=cfg.run.instructions,
+            seed=cfg.run.seed,
         )  # fmt: skip
         trainer = HeedGRPOTrainer(
             model=self.model,
@@ -426,6 +430,8 @@ class TrainRecipe:
             modes=tuple(cfg.eval.modes),
             block_size=cfg.run.block_size,
             thinking=cfg.run.thinking,
+            layout_style=cfg.run.layout_style,
+            instructions=cfg.run.instructions,
             max_tokens=cfg.eval.max_tokens,
             reward_config=cfg.rewards,
         )

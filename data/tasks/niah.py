@@ -36,11 +36,13 @@ class NeedleInHaystack(Task):
     num_queries: int = 1  # keys asked about in one question (RULER multi-query: 4)
     num_values: int = 1  # values per asked key, all wanted (RULER multi-value: 4)
     num_distractors: int = 0  # needles of keys nobody asks about (RULER multi-key: 3)
+    value_digits: int = 7  # digits of each magic number (RULER: 7; fewer make copying easier for tiny models)
 
     def __post_init__(self):
         self.check("num_queries", self.num_queries, self.num_queries >= 1, "must be at least 1")
         self.check("num_values", self.num_values, self.num_values >= 1, "must be at least 1")
         self.check("num_distractors", self.num_distractors, self.num_distractors >= 0, "must be >= 0")
+        self.check("value_digits", self.value_digits, 2 <= self.value_digits <= 12, "must be in 2..12")
 
     def draft(
         self, rng: random.Random, count: TokenCounter, target_tokens: int, chunk_tokens: int, ood: bool
@@ -48,7 +50,8 @@ class NeedleInHaystack(Task):
         keys = magic_keys(rng, self.num_queries + self.num_distractors, near=(self.num_distractors + 1) // 2)
         asked, others = keys[: self.num_queries], keys[self.num_queries :]
         n_real = self.num_queries * self.num_values
-        values = distinct_numbers(rng, n_real + len(others), 1_000_000, 9_999_999)
+        low = 10 ** (self.value_digits - 1)
+        values = distinct_numbers(rng, n_real + len(others), low, 10 * low - 1)
         real = [needle_text(k, v) for k, v in zip([k for k in asked for _ in range(self.num_values)], values)]
         fake = [needle_text(k, v) for k, v in zip(others, values[n_real:])]
 

@@ -2,7 +2,8 @@
 
 Used by the browser test and by the README screenshot target::
 
-    python -m rl.dashboard.browser docs/dashboard.png      # sample run -> report -> PNG
+    python -m rl.dashboard.browser docs/dashboard.png runs/tiny   # a run directory -> report -> PNG
+    python -m rl.dashboard.browser docs/dashboard.png             # a sample run (no training) instead
 
 The report records JavaScript errors and the number of figures it drew on ``<body>``
 (``data-js-errors``, ``data-drawn``), so one ``--dump-dom`` shows whether the page worked. Chromium
@@ -91,15 +92,15 @@ def screenshot(page: Path, out: Path, width: int = 1280, height: int = 2400, tim
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m rl.dashboard.browser OUT.png", file=sys.stderr)
+    if len(argv) not in (1, 2):
+        print("usage: python -m rl.dashboard.browser OUT.png [RUN_DIR]", file=sys.stderr)
         return 2
     from .report import write_report
     from .sample_run import write_sample_run
 
     with tempfile.TemporaryDirectory() as tmp:
-        run = write_sample_run(Path(tmp) / "sample")
-        page, _ = write_report(run)
+        run = Path(argv[1]) if len(argv) == 2 else write_sample_run(Path(tmp) / "sample")
+        page, _ = write_report(run, Path(tmp) / "report.html")
         print(screenshot(page, Path(argv[0])))
     return 0
 

@@ -46,7 +46,9 @@ token ``j`` was predicted under ``states[predicted_state[j]]`` by a forward that
          "kv_tokens": 81234, "kv_tokens_vanilla": 190321, "decode_steps": 41.5}, ...]}
 
 ``kv_tokens`` is what that mode's engine read in total (``da``: the DA trace; ``da-nm`` and
-``vanilla``: full causal), ``decode_steps`` the mean generated tokens per example.
+``vanilla``: full causal), ``decode_steps`` the mean generated tokens per example. ``heed eval`` and
+``heed train`` add ``compliance``, ``coverage`` (``null`` when unknown), ``kv_saving``,
+``mode_mix_global|focus|local``, ``truncated`` and ``errors`` to each row (``rl/evaluate.py``).
 
 Writing: one :class:`RunWriter` per run (rank 0 in a distributed job) appends one line and flushes
 it per call, so a reader never sees more than one partial line (the last); eval files are written

@@ -176,6 +176,7 @@ def build_prompt(
     system_prompt: str | None = None,
     repeat_question: bool = True,
     pad_token_id: int | None = None,
+    instructions: bool = True,
 ) -> PromptLayout:
     """Lay out a DA prompt.
 
@@ -191,6 +192,9 @@ def build_prompt(
         system_prompt: text placed before the protocol instructions in the system message.
         repeat_question: repeat the question after the chunks (long contexts bury the first one).
         pad_token_id: token used to pad to block boundaries; default: the single token for ``"\\n"``.
+        instructions: put the protocol instructions in the system message. A model that learns the
+            protocol from SFT (the tiny default, trained from scratch) does not need them; a pretrained
+            model following DA zero-shot does.
     """
     if style not in LAYOUT_STYLES:
         raise LayoutError(f"style must be one of {LAYOUT_STYLES}, got {style!r}")
@@ -200,11 +204,8 @@ def build_prompt(
     if not chunks:
         raise LayoutError("the context is empty: DA needs at least one magic chunk")
     chunks = [neutralize(c) for c in chunks]
-    system = (
-        system_instructions(thinking)
-        if system_prompt is None
-        else f"{system_prompt}\n\n{system_instructions(thinking)}"
-    )
+    parts = [system_prompt] if system_prompt is not None else []
+    system = "\n\n".join(parts + ([system_instructions(thinking)] if instructions else []))
 
     rendered = None
     if style in ("auto", "tool"):
@@ -295,7 +296,7 @@ def _render_tool_dialogue(tokenizer, system, n_chunks, thinking, repeat_question
 
 def _render_plain(tokenizer, system, n_chunks, repeat_question) -> str:
     bos = tokenizer.bos_token if _adds_bos(tokenizer) else ""
-    parts = [f"{bos}{system}\n\nQuestion: {_sentinel('Q', 0)}\n\n"]
+    parts = [f"{bos}{system + chr(10) * 2 if system else ''}Question: {_sentinel('Q', 0)}\n\n"]
     for i in range(1, n_chunks + 1):
         parts.append(f"[get_magic_chunk({i})]\n{chunk_header(i)}{_sentinel('C', i - 1)}\n\n")
     if repeat_question:

@@ -85,3 +85,22 @@ def test_variable_assignment_matches_the_paper_example_shape_and_ood_values(toke
     )
     assert {int(n) for _, n in (s.split("=") for s in ood.documents[0].rstrip(";").split("; "))} <= {0, 1}
     assert example.gold_completion == f"<answer>{example.answers[0]}</answer>"
+
+
+@pytest.mark.parametrize("digits", [3, 7])
+def test_niah_value_digits_sets_the_needle_numbers(tokenizer, digits):
+    import re
+
+    example = generate(tokenizer, "niah_multikey", 600, params={"value_digits": digits, "num_distractors": 2})
+    (answer,) = example.answers
+    assert len(answer) == digits and answer[0] != "0"
+    needles = re.findall(r"special magic numbers for [\w-]+ is: (\d+)\.", " ".join(example.documents))
+    assert len(needles) == 3 and all(len(n) == digits for n in needles)  # distractors too
+    assert answer in needles and answer in example.gold_completion
+
+
+def test_niah_value_digits_out_of_range_is_refused():
+    from data.tasks import make_task
+
+    with pytest.raises(ValueError, match="value_digits"):
+        make_task("niah_single", {"value_digits": 1})

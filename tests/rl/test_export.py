@@ -119,6 +119,8 @@ def test_export_is_the_same_model_with_heed_json_and_no_pickles(tmp_path, polici
         "protocol_version": PROTOCOL_VERSION,
         "block_size": BLOCK_SIZE,
         "thinking": True,
+        "layout_style": "auto",  # absent from the run config: the defaults
+        "instructions": True,
         "selective_budgets": [64, 96, 128, 256],
         "source": {"run_dir": str(run.resolve()), "checkpoint": "checkpoints/checkpoint-5", "step": 5},
         "heed_version": metadata.version("heed-rl"),

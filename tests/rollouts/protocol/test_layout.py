@@ -170,3 +170,20 @@ def test_bad_inputs(tokenizer):
         build_prompt(QUESTION, ["text", ""], tokenizer)
     with pytest.raises(LayoutError, match="style"):
         build_prompt(QUESTION, DOCS, tokenizer, style="fancy")
+
+
+def test_layout_without_instructions_drops_only_the_instructions(tokenizer):
+    from rollouts.protocol import system_instructions
+
+    docs = ["The first fact is here.", "The second fact is there."]
+    for style in ("tool", "plain"):
+        full = build_prompt("Which fact?", docs, tokenizer, block_size=32, chunk_tokens=64, style=style)
+        bare = build_prompt(
+            "Which fact?", docs, tokenizer, block_size=32, chunk_tokens=64, style=style, instructions=False
+        )
+        full_text, bare_text = tokenizer.decode(full.input_ids), tokenizer.decode(bare.input_ids)
+        assert system_instructions() in full_text and "<focus" not in bare_text, style
+        assert bare.prompt_len < full.prompt_len and bare.num_chunks == full.num_chunks == 2
+        for (s0, e0), (s1, e1) in zip(full.chunk_spans, bare.chunk_spans):  # the same chunk tokens
+            assert full.input_ids[s0:e0] == bare.input_ids[s1:e1]
+            assert s1 % 32 == 0
