@@ -176,7 +176,12 @@ class TrainRecipe:
         dtype = getattr(torch, cfg.dtype)
         # the newest weights this run has: final policy, newest complete GRPO checkpoint, SFT, start
         checkpoints = complete_checkpoints(self.run_dir / "checkpoints")
-        for folder in (self.run_dir / "final", *reversed(checkpoints), self.run_dir / "sft", self.run_dir / "init"):
+        for folder in (
+            self.run_dir / "final",
+            *reversed(checkpoints),
+            self.run_dir / "sft",
+            self.run_dir / "init",
+        ):
             if (folder / "config.json").is_file():
                 return self._load(folder, dtype), folder
         init = self.run_dir / "init"

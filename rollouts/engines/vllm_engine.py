@@ -127,7 +127,12 @@ class VLLMEngine:
             if report is not None:
                 extra["kv_tokens_engine"] = [request.layout.prompt_len, *report["kv_tokens"]][: len(ids)]
             finish = _FINISH.get(completion.finish_reason or "", "error")
-            if finish == "length" and ids and ids == list(request.forced_ids or ()) and ids[-1] in self.stop_ids:
+            if (
+                finish == "length"
+                and ids
+                and ids == list(request.forced_ids or ())
+                and ids[-1] in self.stop_ids
+            ):
                 finish = "stop"  # a forced completion ending in EOS ended there (vLLM ignored EOS to emit it)
             trajectories.append(
                 build_trajectory(

@@ -20,10 +20,15 @@ def sampler(**kw):
 
 
 @given(
-    prompts=st.integers(1, 6), generations=st.integers(1, 4), repeat=st.integers(1, 3), batches=st.integers(1, 4)
+    prompts=st.integers(1, 6),
+    generations=st.integers(1, 4),
+    repeat=st.integers(1, 3),
+    batches=st.integers(1, 4),
 )
 def test_order_follows_trls_repeat_sampler_contract(prompts, generations, repeat, batches):
-    s = sampler(prompts_per_batch=prompts, num_generations=generations, repeat_count=repeat, num_batches=batches)
+    s = sampler(
+        prompts_per_batch=prompts, num_generations=generations, repeat_count=repeat, num_batches=batches
+    )
     order = list(s)
     assert len(order) == len(s) == batches * prompts * generations * repeat
     per_batch = prompts * generations
@@ -53,7 +58,9 @@ def test_context_schedule_limits_each_stage():
 
 
 def test_steps_per_batch_maps_batches_to_optimizer_steps():
-    s = sampler(num_batches=4, steps_per_batch=2.0, schedule=[ContextStage(4, 200), ContextStage(None, 10_000)])
+    s = sampler(
+        num_batches=4, steps_per_batch=2.0, schedule=[ContextStage(4, 200), ContextStage(None, 10_000)]
+    )
     assert all(LENGTHS[i] <= 200 for k in (0, 1) for i in s.batch(k))  # batches 0, 1 are steps 0..3
 
 

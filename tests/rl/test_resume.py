@@ -90,7 +90,12 @@ def test_killed_run_resumes_to_the_same_steps_and_prompts(uninterrupted, tmp_pat
     assert "grpo" not in state["completed"]  # it really was interrupted
 
     resumed = subprocess.run(
-        heed("train", "--resume", str(run_dir)), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900
+        heed("train", "--resume", str(run_dir)),
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "grpo" in json.loads((run_dir / "state.json").read_text())["completed"]
