@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.tiny_run [RUN_DIR]
 
 Runs ``heed train`` (configs/tiny.yaml) into RUN_DIR (default ``runs/bench-tiny``) unless RUN_DIR already
-holds a finished run, then prints, for the random model, after SFT and after GRPO, the ``da`` column of
+holds a run (a finished one is summarized, an unfinished one refused), then prints, for the random model, after SFT and after GRPO, the ``da`` column of
 each held-out evaluation (accuracy, compliance, evidence coverage, KV-read saving, mode mix) next to the
 ``da-nm`` / ``vanilla`` accuracy, the wall time of every phase, and the GRPO-minus-SFT differences.
 """
@@ -21,17 +21,16 @@ DA_COLUMNS = ("accuracy", "compliance", "coverage", "kv_saving", "mode_mix_focus
 
 
 def main(run_dir: Path) -> None:
-    if (
-        not (run_dir / "state.json").is_file()
-        or "report" not in json.loads((run_dir / "state.json").read_text())["completed"]
-    ):
+    if not (run_dir / "state.json").is_file():
         from rl.config import load_run_config
         from rl.train import train
 
         config = load_run_config(None, [f"run.output_dir={run_dir}"])
         started = time.perf_counter()
-        train(config, resume=(run_dir / "state.json").is_file())
+        train(config)
         print(f"heed train wall time: {time.perf_counter() - started:.0f} s")
+    elif "report" not in json.loads((run_dir / "state.json").read_text())["completed"]:
+        sys.exit(f"{run_dir} holds an unfinished run: let it finish, or `heed train --resume {run_dir}`")
     state = json.loads((run_dir / "state.json").read_text())
     print(
         f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}"

@@ -118,6 +118,7 @@ class TrainRecipe:
                 "or choose another run.output_dir"
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock()
         save_run_config(cfg, self.run_dir / "config.yaml")
         self._save_state()  # from here on the folder is a run: `--resume` continues it
         torch.manual_seed(cfg.run.seed)
@@ -130,6 +131,18 @@ class TrainRecipe:
         self.examples = {str(r["id"]): r for r in self.data[cfg.data.train_split]}
         held_out = list(self.data[cfg.data.eval_split])
         self.eval_rows = held_out[: cfg.data.eval_examples] if cfg.data.eval_examples else held_out
+
+    def _lock(self) -> None:
+        """One writer per run directory: a second `heed train` on it fails instead of interleaving."""
+        import fcntl
+
+        self._lock_file = open(self.run_dir / ".heed.lock", "w")  # noqa: SIM115 (held until exit)
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FileExistsError(
+                f"another `heed train` is running in {self.run_dir}; wait for it or stop it first"
+            ) from None
 
     def _tokenizer(self):
         from transformers import AutoTokenizer
