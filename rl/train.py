@@ -422,6 +422,7 @@ class TrainRecipe:
         self.model = trainer.accelerator.unwrap_model(trainer.model)
         trainer.save_model(str(self.run_dir / "final"))
         self.tokenizer.save_pretrained(self.run_dir / "final")
+        trainer.state.save_to_json(str(self.run_dir / "final" / "trainer_state.json"))  # its step, for export
 
     def _report_to(self) -> list[str]:
         mode = self.config.logging.wandb_mode

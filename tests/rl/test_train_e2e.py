@@ -1,0 +1,78 @@
+"""`heed train` end to end on the thinking-mode tiny config, shrunk: data build, SFT under the DA mask, GRPO
+on the real pool, the three evals, export and report — and the export, served again through `heed eval`,
+reproduces the run's own final eval (greedy decoding on the same engine type: identical numbers)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.rl.test_sft_deepspeed import ROOT
+
+pytestmark = pytest.mark.slow
+
+OVERRIDES = [
+    "sft.max_steps=6",
+    "sft.warmup_steps=1",
+    "sft.per_device_batch_size=4",
+    "grpo.max_steps=2",
+    "grpo.prompts_per_step=2",
+    "grpo.num_generations=2",
+    "grpo.max_completion_length=24",
+    "data.build.splits={train: 16, test: 2}",
+    "data.build.lengths=[256]",
+    "data.eval_examples=0",
+    "eval.max_tokens=24",
+    "logging.wandb_mode=offline",
+    "logging.wandb_api_key=test-key-5b1f",  # a secret: accepted, never written back
+]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("e2e") / "thinking"
+    env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "offline"}
+    out = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "train", "--config", "configs/tiny-thinking.yaml",
+         f"run.output_dir={run_dir}", *OVERRIDES],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    return run_dir
+
+
+def test_every_phase_ran_and_left_its_output(run_dir):
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["completed"] == ["eval_init", "sft", "eval_sft", "grpo", "eval_grpo", "export", "report"]
+    assert sorted(p.name for p in (run_dir / "eval").glob("*.json")) == ["grpo.json", "init.json", "sft.json"]
+    assert (run_dir / "sft" / "model.safetensors").is_file() and (
+        run_dir / "final" / "model.safetensors"
+    ).is_file()
+    phases = {json.loads(line)["phase"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()}
+    assert phases == {"sft", "grpo"}
+    assert "test-key-5b1f" not in (run_dir / "config.yaml").read_text()
+    assert list((run_dir / "wandb").glob("offline-run-*"))  # the live tracker ran, offline
+    report = (run_dir / "report.html").read_text()
+    assert "mode_mix" in report or "Mode mix" in report
+
+
+def test_export_is_a_thinking_model_that_reproduces_the_final_eval(run_dir, tmp_path):
+    export = run_dir / "export"
+    info = json.loads((export / "heed.json").read_text())
+    assert info["thinking"] is True and info["source"]["checkpoint"] == "final"
+    out = tmp_path / "eval.json"
+    served = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "eval", str(export), "--data", str(run_dir / "data"), "--split", "test",
+         "--max-tokens", "24", "--out", str(out)],
+        cwd=ROOT, env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert served.returncode == 0, served.stderr[-4000:]
+    keys = ("mode", "task", "n", "accuracy", "kv_tokens", "kv_tokens_vanilla", "decode_steps")
+    again = sorted(tuple(r[k] for k in keys) for r in json.loads(out.read_text())["results"])
+    during = sorted(
+        tuple(r[k] for k in keys) for r in json.loads((run_dir / "eval/grpo.json").read_text())["results"]
+    )
+    assert again == during
