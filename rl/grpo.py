@@ -241,6 +241,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         self._last_loaded_step = -1
         self._active_traces: list[CompletionTrace] | None = None
         self._pending: dict[str, float | None] = {}
+        self._pending_records: list[dict] = []
         self._rollout_traces: list[CompletionTrace] = []
 
     # -- data ------------------------------------------------------------------------------------------
@@ -274,6 +275,7 @@ class HeedGRPOTrainer(GRPOTrainer):
                 for i in list(picks)[: self.log_trajectories]
             ]
             self.run_writer.log_trajectories(records, name="grpo")
+            self._pending_records = records
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -359,6 +361,7 @@ class HeedGRPOTrainer(GRPOTrainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # the latest generation batch's mode mix, KV reads and rewards reach wandb too
             logs = {**logs, **{f"heed/{k}": v for k, v in self._pending.items() if v is not None}}
+        self._log_samples_to_wandb()
         super().log(logs, start_time)
         if self.run_writer is None or not self.accelerator.is_main_process or "loss" not in logs:
             return
@@ -369,6 +372,20 @@ class HeedGRPOTrainer(GRPOTrainer):
         }
         metrics.update(self._pending)  # the latest generation batch: mode mix, KV reads, rewards
         self.run_writer.log_metrics(self.state.global_step, "grpo", metrics)
+
+    def _log_samples_to_wandb(self) -> None:
+        """The latest sampled trajectories, mode-colored, as a wandb table (sent with the next log)."""
+        if not self._pending_records or "wandb" not in (self.args.report_to or []):
+            return
+        import wandb
+
+        from rl.dashboard.wandb_mirror import record_rows, samples_table
+
+        if wandb.run is not None and self.accelerator.is_main_process:
+            wandb.run.log(
+                {"heed/samples": samples_table(wandb, record_rows(self._pending_records))}, commit=False
+            )
+        self._pending_records = []
 
 
 def masked_completion_logps(

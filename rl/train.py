@@ -101,6 +101,7 @@ class TrainRecipe:
         self.state: dict[str, Any] = {"completed": [], "wall_s": {}, "eval": {}}
         self.pool = None
         self._stop = StopOnSignal()
+        self._in_grpo = False  # SIGTERM inside GRPO waits for the step's checkpoint
 
     # -- setup -----------------------------------------------------------------------------------------
 
@@ -297,10 +298,8 @@ class TrainRecipe:
 
     def _on_sigterm(self, signum, frame) -> None:
         self._stop.received = True
-        if "grpo" not in self._running:
+        if not self._in_grpo:  # GRPO stops at the end of its step, after a checkpoint; the rest now
             raise Terminated("SIGTERM")
-
-    _running: tuple[str, ...] = ()
 
     def sft(self) -> None:
         from rl.sft import train_sft
@@ -412,11 +411,11 @@ class TrainRecipe:
             callbacks=[CheckpointMarker(), self._stop],
         )
         resume_from = complete_checkpoints(args.output_dir)
-        self._running = ("grpo",)
+        self._in_grpo = True
         try:
             trainer.train(resume_from_checkpoint=str(resume_from[-1]) if resume_from else None)
         finally:
-            self._running = ()
+            self._in_grpo = False
         if self._stop.received:
             raise Terminated("SIGTERM: checkpoint saved; resume with `heed train --resume`")
         self.model = trainer.accelerator.unwrap_model(trainer.model)

@@ -63,8 +63,14 @@ def sample_rows(run: Run) -> list[list]:
     if not run.trajectories:
         return []
     last = max(t["step"] for t in run.trajectories)
+    return record_rows([t for t in run.trajectories if t["step"] == last])
+
+
+def record_rows(records: list[dict]) -> list[list]:
+    """One :data:`SAMPLE_COLUMNS` row per trajectory record (``records.trajectory_record``); the last
+    cell is the mode-colored HTML of the completion."""
     rows = []
-    for t in (t for t in run.trajectories if t["step"] == last):
+    for t in records:
         try:
             mix = record_mode_mix(t)
             reward = t["reward"]
@@ -78,6 +84,14 @@ def sample_rows(run: Run) -> list[list]:
         except (KeyError, TypeError, IndexError, AttributeError):
             continue  # the HTML report says what is wrong with this record
     return rows
+
+
+def samples_table(wandb, rows: list[list]):
+    """A ``wandb.Table`` of :func:`record_rows` rows, the text rendered as HTML."""
+    table = wandb.Table(columns=list(SAMPLE_COLUMNS))
+    for row in rows:
+        table.add_data(*row[:-1], wandb.Html(row[-1]))
+    return table
 
 
 class WandbMirror:
@@ -108,10 +122,7 @@ class WandbMirror:
         tables = {}
         rows = sample_rows(run)
         if rows:
-            samples = self._wandb.Table(columns=list(SAMPLE_COLUMNS))
-            for row in rows:
-                samples.add_data(*row[:-1], self._wandb.Html(row[-1]))
-            tables["samples"] = samples
+            tables["samples"] = samples_table(self._wandb, rows)
         eval_rows = [
             [name] + [r.get(c) for c in EVAL_COLUMNS[1:]]
             for name, d in run.evals.items()

@@ -183,12 +183,14 @@ def test_sft_section_to_sft_config():
     config = load_run_config("configs/tiny-thinking.yaml", ["run.seed=7"])
     sft = config.sft.to_sft_config(config.run, "runs/x/sft", config.grpo.deepspeed_path)
     assert isinstance(sft, SFTConfig)
+    raw = yaml.safe_load(Path("configs/tiny-thinking.yaml").read_text())["sft"]  # the file, read directly
     assert (sft.max_steps, sft.per_device_batch_size, sft.learning_rate, sft.warmup_steps) == (
-        300,
-        16,
-        1e-3,
-        100,
+        raw["max_steps"],
+        raw["per_device_batch_size"],
+        float(raw["learning_rate"]),
+        raw["warmup_steps"],
     )
+    assert (sft.layout_style, sft.instructions) == (config.run.layout_style, config.run.instructions)
     assert (sft.seed, sft.block_size, sft.thinking, sft.output_dir, sft.deepspeed) == (
         7,
         32,

@@ -54,6 +54,8 @@ def test_every_phase_ran_and_left_its_output(run_dir):
     assert phases == {"sft", "grpo"}
     assert "test-key-5b1f" not in (run_dir / "config.yaml").read_text()
     assert list((run_dir / "wandb").glob("offline-run-*"))  # the live tracker ran, offline
+    # with the mode-colored samples table the dashboards promise
+    assert list((run_dir / "wandb").glob("offline-run-*/files/media/table/heed/samples_*.table.json"))
     report = (run_dir / "report.html").read_text()
     assert "mode_mix" in report or "Mode mix" in report
 
@@ -76,3 +78,29 @@ def test_export_is_a_thinking_model_that_reproduces_the_final_eval(run_dir, tmp_
         tuple(r[k] for k in keys) for r in json.loads((run_dir / "eval/grpo.json").read_text())["results"]
     )
     assert again == during
+
+
+def test_the_report_of_a_trained_run_draws_its_metrics(run_dir):
+    """The dashboard on a real run: every line equals metrics.jsonl for its metric and phase, and the
+    charts only a trainer can fill (importance ratios, throughput) are there."""
+    from tests.rl.dashboard.conftest import figures, metrics_lines
+
+    figs = figures((run_dir / "report.html").read_text())
+    assert {"importance_ratios", "throughput", "mode_mix", "kv_saving", "eval_comparison"} <= set(figs)
+    lines = metrics_lines(run_dir)
+    checked = 0
+    for name, fig in figs.items():
+        for trace in fig["data"]:
+            metric = trace.get("meta")
+            if not metric or trace["type"] != "scatter":
+                continue
+            named = trace["name"].endswith(")")  # "metric (phase)"; stacked mode-mix traces name the mode
+            phase = trace["name"].rsplit("(", 1)[-1].rstrip(")") if named else None
+            expected = [
+                (r["step"], r[metric])
+                for r in lines
+                if r.get(metric) is not None and phase in (None, r["phase"])
+            ]
+            assert expected and list(zip(trace["x"], trace["y"], strict=True)) == expected, (name, metric)
+            checked += 1
+    assert checked >= 10
