@@ -36,23 +36,20 @@ from rich.table import Table
 from transformers import TrainerCallback
 
 from rl.config import RunConfig, save_run_config
+from rl.export import COMPLETE_MARKER, complete_steps
 
 logger = logging.getLogger(__name__)
 console = Console()
 
-COMPLETE_MARKER = "heed_complete.json"
-PHASES = ("eval_init", "sft", "eval_sft", "grpo", "eval_grpo", "export", "report")
 
 
 class Terminated(Exception):
     """Raised after a SIGTERM once the run has saved what it can."""
 
 
-def complete_checkpoints(checkpoint_dir: str | Path) -> list[Path]:
-    """``checkpoint-N`` folders that hold the completion marker, oldest first."""
-    root = Path(checkpoint_dir)
-    found = [p for p in root.glob("checkpoint-*") if (p / COMPLETE_MARKER).is_file()] if root.is_dir() else []
-    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[1]))
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """``RUN_DIR/checkpoints/checkpoint-N`` folders that hold the completion marker, oldest first."""
+    return [Path(run_dir) / "checkpoints" / f"checkpoint-{step}" for step in complete_steps(run_dir)]
 
 
 class CheckpointMarker(TrainerCallback):
@@ -189,7 +186,7 @@ class TrainRecipe:
         cfg = self.config.model
         dtype = getattr(torch, cfg.dtype)
         # the newest weights this run has: final policy, newest complete GRPO checkpoint, SFT, start
-        checkpoints = complete_checkpoints(self.run_dir / "checkpoints")
+        checkpoints = complete_checkpoints(self.run_dir)
         for folder in (
             self.run_dir / "final",
             *reversed(checkpoints),
@@ -240,6 +237,7 @@ class TrainRecipe:
                 engine_kwargs=engine_kwargs,
                 env=env,
                 num_cpus_per_actor=cfg.num_cpus_per_actor,
+                num_gpus_per_actor=cfg.num_gpus_per_actor,
                 max_attempts=cfg.max_attempts,
                 ray_address=cfg.ray_address,
             )
@@ -410,7 +408,7 @@ class TrainRecipe:
             reward_config=cfg.rewards,
             callbacks=[CheckpointMarker(), self._stop],
         )
-        resume_from = complete_checkpoints(args.output_dir)
+        resume_from = complete_checkpoints(self.run_dir)
         self._in_grpo = True
         try:
             trainer.train(resume_from_checkpoint=str(resume_from[-1]) if resume_from else None)

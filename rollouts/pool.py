@@ -48,6 +48,7 @@ class PoolConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM arguments
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the actors
     num_cpus_per_actor: float = 1.0  # Ray CPU resource each actor reserves
+    num_gpus_per_actor: float = 0.0  # Ray GPU resource each actor reserves (1 per engine on a GPU node)
     max_attempts: int = 3  # tries per request before it is returned as a failed trajectory
     max_actor_restarts: int = 8  # replacements over the pool's lifetime before giving up
     ray_address: str | None = None  # None: start or reuse a local Ray; else an existing cluster
@@ -98,7 +99,9 @@ class RolloutPool:
         self.config = config
         if not ray.is_initialized():
             ray.init(address=config.ray_address, include_dashboard=False, ignore_reinit_error=True)
-        self._actor_cls = ray.remote(num_cpus=config.num_cpus_per_actor, max_restarts=0)(RolloutActor)
+        self._actor_cls = ray.remote(
+            num_cpus=config.num_cpus_per_actor, num_gpus=config.num_gpus_per_actor, max_restarts=0
+        )(RolloutActor)
         self._weights = None  # ObjectRef of the latest weights, for replacement actors
         self.restarts = 0
         self.actors = [self._start_actor() for _ in range(config.num_actors)]
