@@ -60,15 +60,20 @@ class DataConfig:
         return asdict(self)
 
 
+def read_yaml(path: Path, error: type[Exception], what: str = "config file"):
+    """The YAML document at ``path`` (None for an empty file); a missing or malformed file raises ``error``."""
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise error(f"{path}: invalid YAML: {err}") from None
+
+
 def load_config(path: str | Path) -> DataConfig:
     """Read and validate a YAML data config; relative import paths resolve against its folder."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"config file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise DataError(f"{path}: invalid YAML: {err}") from None
+    raw = read_yaml(path, DataError)
     try:
         config = parse_config(raw or {})
     except DataError as err:

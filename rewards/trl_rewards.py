@@ -124,6 +124,7 @@ class DAReward:
         self.cost = cost
         self.token_table = token_table
         self._seen_reasons: set[str] = set()
+        self._last: tuple[list, RewardBatch] | None = None  # (trajectories, their scores): the latest batch
 
     def __call__(self, prompts, completions, completion_ids=None, **columns) -> list[float]:
         batch = self.score(prompts, completions, completion_ids, **columns)
@@ -137,7 +138,22 @@ class DAReward:
         return batch.totals
 
     def score(self, prompts, completions, completion_ids=None, **columns) -> RewardBatch:
-        """Every component of every completion, and the reasons counted over the batch."""
+        """Every component of every completion, and the reasons counted over the batch.
+
+        TRL calls the total and each component on the same batch: a batch of rollout ``trajectory``
+        objects is scored once and the result reused for the identical objects.
+        """
+        trajectories = columns.get("trajectory")
+        if isinstance(trajectories, list | tuple) and trajectories and self._last is not None:
+            seen, batch = self._last
+            if len(seen) == len(trajectories) and all(a is b for a, b in zip(seen, trajectories)):
+                return batch
+        batch = self._score(prompts, completions, completion_ids, **columns)
+        if isinstance(trajectories, list | tuple) and trajectories:
+            self._last = (list(trajectories), batch)
+        return batch
+
+    def _score(self, prompts, completions, completion_ids=None, **columns) -> RewardBatch:
         n = len(completions)
         rows = [{} for _ in range(n)]
         for name, values in columns.items():

@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import yaml
 
+from data.config import read_yaml
 from rewards.config import RewardConfig
 from rl.config_sections import (
     REPO_ROOT,
@@ -141,12 +142,7 @@ def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = (
     relative path is relative to the working directory.
     """
     source = default_config_path() if path is None else Path(path)
-    if not source.is_file():
-        raise ConfigError(f"run config {source} does not exist")
-    try:
-        raw = yaml.safe_load(source.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: invalid YAML: {err}") from None
+    raw = read_yaml(source, ConfigError, "run config")
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(

@@ -45,7 +45,7 @@ from trl import GRPOTrainer
 
 from data.prompts import layout_example
 from rewards.config import RewardConfig
-from rl.logprobs import da_attention
+from rl.logprobs import masked_completion_logps
 from rollouts.engines.base import RolloutRequest
 from rollouts.masks import CompletionTrace, trace_completion
 from rollouts.protocol import PromptLayout, token_bytes_table
@@ -335,16 +335,16 @@ class HeedGRPOTrainer(GRPOTrainer):
         all_logps, all_entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
-            logps, entropies = masked_completion_logps(
-                model,
-                input_ids[start:end],
-                traces[start:end],
-                logits_to_keep,
-                temperature=self.temperature,
-                attn_implementation=self._attn_implementation(model),
-                compute_entropy=compute_entropy,
-                autocast=self.accelerator.autocast,
-            )
+            with self.accelerator.autocast():
+                logps, entropies = masked_completion_logps(
+                    model,
+                    input_ids[start:end],
+                    traces[start:end],
+                    logits_to_keep,
+                    temperature=self.temperature,
+                    attn_implementation=self._attn_implementation(model),
+                    compute_entropy=compute_entropy,
+                )
             all_logps.append(logps)
             if compute_entropy:
                 all_entropies.append(entropies)
@@ -386,50 +386,3 @@ class HeedGRPOTrainer(GRPOTrainer):
                 {"heed/samples": samples_table(wandb, record_rows(self._pending_records))}, commit=False
             )
         self._pending_records = []
-
-
-def masked_completion_logps(
-    model,
-    input_ids: torch.Tensor,  # [B, P + C]
-    traces: Sequence[CompletionTrace],
-    logits_to_keep: int,
-    *,
-    temperature: float = 1.0,
-    attn_implementation: str = "sdpa",
-    compute_entropy: bool = False,
-    autocast=contextlib.nullcontext,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``([B, C] log-probs, [B, C] entropies or None)`` of the last ``C = logits_to_keep`` tokens of each
-    row, with each row attending as its DA trace says (padding positions get arbitrary values: the
-    caller's completion mask drops them)."""
-    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
-
-    seq_len = input_ids.size(1)
-    width = seq_len - logits_to_keep
-    starts = []
-    for b, trace in enumerate(traces):
-        prompt = trace.layout.input_ids
-        start = width - len(prompt)
-        if start < 0 or not torch.equal(
-            input_ids[b, start:width].cpu(), torch.as_tensor(prompt, dtype=input_ids.dtype)
-        ):
-            raise RuntimeError(
-                f"row {b}: the batch's prompt tokens are not the ones its DA trace was built on"
-            )
-        if len(trace.row_state) > logits_to_keep:
-            raise RuntimeError(f"row {b}: trace covers {len(trace.row_state)} tokens > {logits_to_keep} kept")
-        starts.append(start)
-    # the trace covers the real completion tokens only; right padding is invisible to real rows anyway
-    mask, position_ids = da_attention(traces, starts, seq_len, attn_implementation, input_ids.device)
-    with autocast():
-        logits = model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            logits_to_keep=logits_to_keep + 1,
-            use_cache=False,
-        ).logits
-    logits = logits[:, :-1].float() / temperature  # [B, C, V]: position P + j - 1 predicts completion token j
-    targets = input_ids[:, width:]
-    logps = selective_log_softmax(logits, targets)
-    return logps, entropy_from_logits(logits) if compute_entropy else None

@@ -92,14 +92,85 @@ def pack(
     return PackedBatch(input_ids.to(device), mask, position_ids, completion_mask.to(device), width)
 
 
+def forward_completion_logps(
+    model,
+    input_ids: torch.Tensor,  # [B, P + C], completions right-padded to C
+    attention_mask,
+    position_ids: torch.Tensor,  # [B, P + C]
+    completion_width: int,  # C
+    *,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one forward behind every trainer log-prob: ``([B, C] log-probs, [B, C] entropies or None)`` of
+    the last ``C`` tokens of each row (padding positions get arbitrary values; callers mask them).
+
+    Logits are kept for the last ``C + 1`` positions only: position ``P + j - 1`` predicts completion
+    token ``j``, and no prompt row pays for the vocabulary projection.
+    """
+    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=completion_width + 1,
+        use_cache=False,
+    ).logits
+    logits = logits[:, :-1].float() / temperature  # [B, C, V]
+    logps = selective_log_softmax(logits, input_ids[:, input_ids.size(1) - completion_width :])
+    return logps, entropy_from_logits(logits) if compute_entropy else None
+
+
 def completion_logprobs(model, packed: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
     """``[B, C]`` log-probs of each completion token under the DA mask (0 at padding)."""
-    logits = model(
-        input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids
-    ).logits
-    # logits at position p predict token p + 1: completion token j is predicted by row P + j - 1
-    width, c_width = packed.prompt_width, packed.completion_mask.shape[1]
-    logits = logits[:, width - 1 : width - 1 + c_width].float() / temperature  # [B, C, V]
-    targets = packed.input_ids[:, width : width + c_width]
-    logps = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    logps, _ = forward_completion_logps(
+        model,
+        packed.input_ids,
+        packed.attention_mask,
+        packed.position_ids,
+        packed.completion_mask.shape[1],
+        temperature=temperature,
+    )
     return logps.masked_fill(~packed.completion_mask, 0.0)
+
+
+def masked_completion_logps(
+    model,
+    input_ids: torch.Tensor,  # [B, P + C]: TRL's batch, prompts left-padded, completions right-padded
+    traces: Sequence[CompletionTrace],
+    completion_width: int,  # C (TRL's logits_to_keep)
+    *,
+    temperature: float = 1.0,
+    attn_implementation: str = "sdpa",
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_completion_logps` for a batch someone else padded: row ``b`` is laid out by
+    ``traces[b]``, whose prompt must be the tokens just before the completion columns."""
+    seq_len = input_ids.size(1)
+    width = seq_len - completion_width
+    starts = []
+    for b, trace in enumerate(traces):
+        prompt = trace.layout.input_ids
+        start = width - len(prompt)
+        if start < 0 or not torch.equal(
+            input_ids[b, start:width].cpu(), torch.as_tensor(prompt, dtype=input_ids.dtype)
+        ):
+            raise RuntimeError(
+                f"row {b}: the batch's prompt tokens are not the ones its DA trace was built on"
+            )
+        if len(trace.row_state) > completion_width:
+            raise RuntimeError(
+                f"row {b}: trace covers {len(trace.row_state)} tokens > {completion_width} kept"
+            )
+        starts.append(start)
+    mask, position_ids = da_attention(traces, starts, seq_len, attn_implementation, input_ids.device)
+    return forward_completion_logps(
+        model,
+        input_ids,
+        mask,
+        position_ids,
+        completion_width,
+        temperature=temperature,
+        compute_entropy=compute_entropy,
+    )

@@ -27,26 +27,20 @@ from rollouts.protocol import PromptLayout, token_bytes_table
 IGNORE_INDEX = -100
 
 
-def encode_sft_row(
-    example: Mapping,
-    tokenizer,
-    *,
-    block_size: int = 32,
-    thinking: bool = False,
-    style: str = "auto",
-    instructions: bool = True,
-) -> dict:
-    """Schema row -> the token-level fields the collator needs (msgpack/arrow friendly)."""
-    layout = layout_example(
-        example, tokenizer, block_size=block_size, thinking=thinking, style=style, instructions=instructions
-    )
-    completion = tokenizer(gold_completion(example, thinking), add_special_tokens=False)["input_ids"]
+def encode_sft_row(example: Mapping, tokenizer, **layout) -> dict:
+    """Schema row -> the token-level fields the collator needs (msgpack/arrow friendly).
+
+    ``layout``: :func:`~data.prompts.layout_example`'s keywords (``block_size``, ``thinking``, ``style``,
+    ``instructions``); the gold trace is taken in the matching (thinking or not) form.
+    """
+    prompt = layout_example(example, tokenizer, **layout)
+    gold = tokenizer(gold_completion(example, prompt.thinking), add_special_tokens=False)["input_ids"]
     return {
-        "prompt_ids": list(layout.input_ids),
-        "chunk_spans": [list(s) for s in layout.chunk_spans],
-        "completion_ids": completion + [tokenizer.eos_token_id],
-        "block_size": block_size,
-        "thinking": thinking,
+        "prompt_ids": list(prompt.input_ids),
+        "chunk_spans": [list(s) for s in prompt.chunk_spans],
+        "completion_ids": gold + [tokenizer.eos_token_id],
+        "block_size": prompt.block_size,
+        "thinking": prompt.thinking,
     }
 
 

@@ -154,6 +154,25 @@ def test_trajectory_column_is_scored_as_the_trajectory(acme_layout, tokenizer, t
     assert batch.items == [score_trajectory(trajectory)]
 
 
+def test_a_trajectory_batch_is_scored_once_for_total_and_components(
+    acme_layout, tokenizer, token_table, monkeypatch
+):
+    import rewards.trl_rewards as module
+
+    calls = []
+    monkeypatch.setattr(module, "score_trajectory", lambda t, *a: calls.append(t) or score_trajectory(t, *a))
+    trajectory = make_trajectory(acme_layout, tokenizer, token_table, ACME_GOLD, acme_example())
+    funcs, _ = trl_reward_functions()
+    batch = [trajectory]
+    values = [f(["Q"], ["ignored"], trajectory=batch) for f in funcs]  # TRL: one call per function
+    want = score_trajectory(trajectory)
+    assert values == [[want.total], [want.accuracy], [want.efficiency], [want.compliance], [want.coverage]]
+    assert len(calls) == 1  # five functions, one scoring
+    other = make_trajectory(acme_layout, tokenizer, token_table, ACME_GOLD, acme_example())
+    funcs[1](["Q"], ["ignored"], trajectory=[other])  # new objects: scored again
+    assert len(calls) == 2
+
+
 def test_bytes_unit_needs_a_cost_at_construction():
     with pytest.raises(ValueError, match="efficiency_unit='time'"):
         DAReward(RewardConfig(efficiency_unit="time"))

@@ -39,26 +39,6 @@ class GoldForcedRollout:
         return out
 
 
-def build_model_dir(out: Path, tokenizer) -> str:
-    """The tests' tiny Qwen3 (initializer_range 0.1: its predictions depend strongly on what it attends to)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-        initializer_range=0.1, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-    )  # fmt: skip
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = Qwen3ForCausalLM(config)
-    path = out / "model"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def main(mode: str, port: str, out: Path) -> None:
     import torch
     from datasets import Dataset
@@ -71,6 +51,7 @@ def main(mode: str, port: str, out: Path) -> None:
     from rewards.trl_rewards import trl_reward_functions
     from rl.grpo import DARollout, HeedGRPOTrainer
     from rollouts.pool import PoolConfig, RolloutPool
+    from tests.rollouts.conftest import save_tiny_qwen3
 
     if mode != "plain":  # a single-rank "cluster" on loopback; gloo on CPU
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -80,7 +61,7 @@ def main(mode: str, port: str, out: Path) -> None:
         {"seed": 0, "chunk_tokens": 64, "lengths": [320], "splits": {"train": 4}, "tasks": ["niah_single"]}
     )
     rows = {r.id: r.to_row() for r in generate(data, tokenizer)["train"]}
-    model_dir = build_model_dir(out, tokenizer)
+    model_dir = save_tiny_qwen3(out / "model", tokenizer, num_hidden_layers=2, intermediate_size=256)
     pool = RolloutPool(
         PoolConfig(
             model=model_dir, num_actors=1, env={"VLLM_CPU_KVCACHE_SPACE": "1"},

