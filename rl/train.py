@@ -42,7 +42,6 @@ logger = logging.getLogger(__name__)
 console = Console()
 
 
-
 class Terminated(Exception):
     """Raised after a SIGTERM once the run has saved what it can."""
 
