@@ -199,7 +199,8 @@ class HeedGRPOTrainer(GRPOTrainer):
             a row, each generation batch repeated ``num_iterations * steps_per_generation`` times).
         log_trajectories: trajectories per generation batch written to the run directory.
         prompt_log: optional path of a JSONL file receiving ``{"step", "prompts"}`` per generation.
-        kv_shape: the model's :class:`~rollouts.masks.KVShape`, for KV bytes in the metrics.
+        decode_cost: the model's :class:`~rewards.efficiency.DecodeCost`, for KV bytes and roofline
+            decoding time in the metrics (at ``reward_config``'s roofline).
         reward_config: the :class:`~rewards.config.RewardConfig` the reward functions use (the
             dashboard's per-batch reward breakdown is computed with it).
         **kwargs: ``GRPOTrainer`` arguments (``model``, ``args``, ``train_dataset``, ``reward_funcs``, ...).
@@ -214,7 +215,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         sampler=None,
         log_trajectories: int = 4,
         prompt_log: str | None = None,
-        kv_shape=None,
+        decode_cost=None,
         reward_config=None,
         **kwargs,
     ):
@@ -231,7 +232,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         self.da_mask = da_mask
         self.log_trajectories = log_trajectories
         self.prompt_log = prompt_log
-        self.kv_shape = kv_shape
+        self.decode_cost = decode_cost
         self.reward_config = reward_config if reward_config is not None else RewardConfig()
         # TRL's rollout_func path syncs weights through `vllm_generation` and corrects with the engine's
         # log-probs only when `use_vllm` is set; the pool plays vLLM's part.
@@ -263,7 +264,14 @@ class HeedGRPOTrainer(GRPOTrainer):
             return
         step = self.state.global_step
         rewards = score_trajectories(trajectories, self.reward_config).items
-        self._pending = step_metrics(trajectories, rewards, self.kv_shape, wall_time_s=wall_time_s)
+        self._pending = step_metrics(
+            trajectories,
+            rewards,
+            self.decode_cost,
+            vanilla_steps=[self._steps_without_mode_tags(t) for t in trajectories],
+            wall_time_s=wall_time_s,
+            roofline=self.reward_config.roofline,
+        )
         if self.prompt_log is not None:
             ids = [str(t.example.get("id")) for t in trajectories]
             with open(self.prompt_log, "a") as f:
@@ -276,6 +284,12 @@ class HeedGRPOTrainer(GRPOTrainer):
             ]
             self.run_writer.log_trajectories(records, name="grpo")
             self._pending_records = records
+
+    def _steps_without_mode_tags(self, trajectory: Trajectory) -> int:
+        """Decoding steps the same completion takes without its mode tags: the protocol's step
+        overhead on this very text (the eval's ``vanilla`` runs measure it against a free generation)."""
+        text = trajectory.parsed.without_mode_tags()  # engines parse the completion's own text
+        return len(self.processing_class(text, add_special_tokens=False)["input_ids"])
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)

@@ -36,6 +36,7 @@ from rich.table import Table
 from transformers import TrainerCallback
 
 from rl.config import RunConfig, save_run_config
+from rl.distributed import release_process_group
 from rl.export import COMPLETE_MARKER, complete_steps
 
 logger = logging.getLogger(__name__)
@@ -320,7 +321,6 @@ class TrainRecipe:
         from rewards.trl_rewards import trl_reward_functions
         from rl.curriculum import CurriculumSampler
         from rl.grpo import DARollout, HeedGRPOTrainer
-        from rollouts.masks import KVShape
         from rollouts.protocol import token_bytes_table
 
         cfg, g = self.config, self.config.grpo
@@ -382,10 +382,10 @@ class TrainRecipe:
             task_mix=cfg.curriculum.task_mix,
             seed=cfg.run.seed,
         )
-        mc = self.model.config
-        funcs, weights = trl_reward_functions(
-            cfg.rewards, DecodeCost.from_config(mc), token_bytes_table(self.tokenizer)
+        decode_cost = DecodeCost.from_config(
+            self.model.config, dtype=cfg.model.dtype, matmul_params=_matmul_params(self.model)
         )
+        funcs, weights = trl_reward_functions(cfg.rewards, decode_cost, token_bytes_table(self.tokenizer))
         args.reward_weights = weights
         rollout = DARollout(
             self.pool, self.examples, self.tokenizer, block_size=cfg.run.block_size,
@@ -403,7 +403,7 @@ class TrainRecipe:
             sampler=sampler,
             log_trajectories=g.log_trajectories,
             prompt_log=str(self.run_dir / "grpo_prompts.jsonl"),
-            kv_shape=KVShape(mc.num_hidden_layers, mc.num_key_value_heads, _head_dim(mc), _dtype_bytes(cfg)),
+            decode_cost=decode_cost,
             reward_config=cfg.rewards,
             callbacks=[CheckpointMarker(), self._stop],
         )
@@ -473,6 +473,7 @@ class TrainRecipe:
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
+        release_process_group()
 
     def print_summary(self) -> None:
         table = Table(title=f"Heed run {self.run_dir}")
@@ -498,12 +499,14 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def _dtype_bytes(cfg: RunConfig) -> int:
-    return 4 if cfg.model.dtype == "float32" else 2
+def _matmul_params(model: torch.nn.Module) -> int:
+    """Weights each generated token multiplies: every linear layer (the LM head included, tied or not;
+    the embedding lookup is no matmul). ZeRO-3 partitioned weights count in full (``ds_numel``)."""
+    return sum(
+        getattr(m.weight, "ds_numel", m.weight.numel())
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    )
 
 
 def train(config: RunConfig, *, resume: bool = False) -> dict[str, Any]:

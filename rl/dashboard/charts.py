@@ -151,6 +151,23 @@ def kv_bytes(run: Run):
     return _lines(run, ["kv/bytes_da", "kv/bytes_vanilla"], "KV bytes read per step", "bytes")
 
 
+def kv_by_layer(run: Run):
+    """KV tokens each layer read (Selective Attention eviction gives every layer its own budget)."""
+    names = sorted(_prefixed(run, "kv/tokens_da/layer_"))
+    return _lines(run, names, "KV tokens read per layer (eviction)", "KV tokens", lambda n: n.rsplit("/", 1)[1])
+
+
+def roofline_time(run: Run):
+    label = {"decode/roofline_s_da": "DA", "decode/roofline_s_vanilla": "vanilla"}.get
+    return _lines(
+        run,
+        ["decode/roofline_s_da", "decode/roofline_s_vanilla"],
+        "Roofline decoding time per step: DA vs vanilla (batch sums)",
+        "seconds",
+        label,
+    )
+
+
 def decode_overhead(run: Run):
     return _lines(
         run, ["decode/steps_overhead"], "Decoding-step overhead vs vanilla", "extra steps (fraction)"
@@ -174,27 +191,35 @@ def throughput(run: Run):
 
 
 def eval_comparison(run: Run):
-    """Accuracy and KV tokens read per rollout mode, over every eval file's results."""
-    totals: dict[str, list[float]] = {}  # mode -> [accuracy * n, n, kv tokens]
+    """Accuracy, KV tokens read and decoding steps per rollout mode, over every eval file's results:
+    ``da`` against ``vanilla`` steps is the protocol's decoding-step overhead on free generations."""
+    totals: dict[str, list[float]] = {}  # mode -> [accuracy * n, n, kv tokens, decode steps * n]
     for data in run.evals.values():
         for row in data["results"]:
             n, accuracy, kv = (row.get(k) for k in ("n", "accuracy", "kv_tokens"))
             if not all(isinstance(v, int | float) for v in (n, accuracy, kv)):
                 continue
-            acc = totals.setdefault(str(row.get("mode")), [0.0, 0, 0])
+            steps = row.get("decode_steps")
+            acc = totals.setdefault(str(row.get("mode")), [0.0, 0, 0, 0.0])
             acc[0] += accuracy * n
             acc[1] += n
             acc[2] += kv
+            acc[3] += steps * n if isinstance(steps, int | float) else 0.0
     if not totals:
         return None
     modes = sorted(totals)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy", "KV tokens read"))
-    fig.add_trace(
-        go.Bar(x=modes, y=[totals[m][0] / max(totals[m][1], 1) for m in modes], name="accuracy"), 1, 1
-    )
+    per_example = [max(totals[m][1], 1) for m in modes]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("accuracy", "KV tokens read", "decoding steps"))
+    fig.add_trace(go.Bar(x=modes, y=[totals[m][0] / k for m, k in zip(modes, per_example)], name="accuracy"), 1, 1)
     fig.add_trace(go.Bar(x=modes, y=[totals[m][2] for m in modes], name="KV tokens"), 1, 2)
+    fig.add_trace(
+        go.Bar(x=modes, y=[totals[m][3] / k for m, k in zip(modes, per_example)], name="decoding steps"), 1, 3
+    )
     return _layout(fig, "Eval: da / da-nm / vanilla", "", showlegend=False, xaxis_title="")
 
+
+# Charts only some runs can draw (Selective Attention eviction): absent, they are not "missing"
+CONDITIONAL_CHARTS = frozenset({"kv_by_layer"})
 
 # The report's charts over steps, in display order: (anchor name, builder)
 STEP_CHARTS = (
@@ -211,6 +236,8 @@ STEP_CHARTS = (
     ("kv_tokens", kv_tokens),
     ("kv_saving", kv_saving),
     ("kv_bytes", kv_bytes),
+    ("kv_by_layer", kv_by_layer),
+    ("roofline_time", roofline_time),
     ("decode_overhead", decode_overhead),
     ("violations", violations),
     ("importance_ratios", importance_ratios),

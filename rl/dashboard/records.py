@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from rewards import RewardBreakdown
-from rollouts.masks import KVShape
+from rewards.efficiency import DecodeCost, KVReads, Roofline, decode_seconds, kv_bytes
 from rollouts.protocol import VIOLATION_KINDS
 from rollouts.trajectory import Trajectory
 
@@ -105,15 +105,22 @@ def _mean(values: Sequence[float]) -> float | None:
 def step_metrics(
     trajectories: Sequence[Trajectory],
     rewards: Sequence[RewardBreakdown],
-    kv_shape: KVShape | None = None,
+    cost: DecodeCost | None = None,
     vanilla_steps: Sequence[int] | None = None,
     importance_ratios: np.ndarray | None = None,  # [tokens] policy / rollout probability ratios
     wall_time_s: float | None = None,
+    roofline: Roofline | None = None,
 ) -> dict[str, float | None]:
     """The flat ``metrics.jsonl`` keys for one batch of scored rollouts (see ``run_dir`` for names).
 
-    ``vanilla_steps``: generated tokens of the same examples without DA (for ``decode/steps_overhead``);
-    ``wall_time_s``: time the batch took (for ``throughput/tokens_per_s``). Each is skipped when absent.
+    ``cost``: the model's :class:`~rewards.efficiency.DecodeCost`, for KV bytes and roofline decoding
+    time (``roofline``: the accelerator, :class:`Roofline`'s defaults when ``None``); ``vanilla_steps``: generated tokens
+    of the same examples without DA (for ``decode/steps_overhead``); ``wall_time_s``: time the batch
+    took (for ``throughput/tokens_per_s``). Each is skipped when absent.
+
+    KV reads come from :meth:`KVReads.from_trajectory` (what the engine read in the trajectory's mode,
+    per layer under Selective Attention eviction) and are converted by the efficiency reward's own
+    :func:`~rewards.efficiency.kv_bytes` and :func:`~rewards.efficiency.decode_seconds`.
     """
     if len(trajectories) != len(rewards):
         raise ValueError(f"{len(trajectories)} trajectories but {len(rewards)} rewards")
@@ -143,12 +150,7 @@ def step_metrics(
         )
         out.update(_mode_mix(f"mode_mix/by_length/{label}", [m for i in idx for m in modes[i]]))
 
-    da = int(sum(int(t.trace.kv_tokens.sum()) for t in trajectories))
-    vanilla = int(sum(int(t.trace.kv_tokens_vanilla.sum()) for t in trajectories))
-    out["kv/tokens_da"], out["kv/tokens_vanilla"] = da, vanilla
-    out["kv/saving"] = 1.0 - da / vanilla if vanilla else None
-    if kv_shape is not None:
-        out["kv/bytes_da"], out["kv/bytes_vanilla"] = kv_shape.kv_bytes(da), kv_shape.kv_bytes(vanilla)
+    out.update(_kv_reads([KVReads.from_trajectory(t) for t in trajectories], cost, roofline or Roofline()))
 
     generated = sum(len(t.completion_ids) for t in trajectories)
     out["decode/steps"] = generated / len(trajectories) if trajectories else None
@@ -169,6 +171,30 @@ def step_metrics(
     if wall_time_s:
         out["throughput/tokens_per_s"] = generated / wall_time_s
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+def _kv_reads(reads: Sequence[KVReads], cost: DecodeCost | None, roofline: Roofline) -> dict[str, float]:
+    """Batch sums of KV reads: tokens (per layer, averaged over layers), per-layer tokens when any
+    completion was decoded with per-layer eviction, and with ``cost`` bytes and roofline seconds."""
+    out: dict[str, float] = {}
+    per_layer = [r.layers for r in reads if r.layers is not None]
+    layers = per_layer[0] if per_layer else 1
+    read_by_layer = np.zeros(layers)  # [layers] KV tokens read, summed over steps and completions
+    vanilla = 0
+    for r in reads:
+        read_by_layer += r.read.sum(axis=0) if r.read.ndim == 2 else r.read.sum()
+        vanilla += int(r.vanilla.sum())
+    da = float(read_by_layer.mean())
+    out["kv/tokens_da"], out["kv/tokens_vanilla"] = (int(da) if da.is_integer() else da), vanilla
+    out["kv/saving"] = 1.0 - da / vanilla if vanilla else None
+    if per_layer:
+        out.update({f"kv/tokens_da/layer_{i:02d}": int(n) for i, n in enumerate(read_by_layer)})
+    if cost is not None:
+        nbytes = np.array([kv_bytes(r, cost.kv) for r in reads]).reshape(-1, 2).sum(axis=0)
+        seconds = np.array([decode_seconds(r, cost, roofline) for r in reads]).reshape(-1, 2).sum(axis=0)
+        out["kv/bytes_da"], out["kv/bytes_vanilla"] = int(nbytes[0]), int(nbytes[1])
+        out["decode/roofline_s_da"], out["decode/roofline_s_vanilla"] = float(seconds[0]), float(seconds[1])
+    return out
 
 
 def _mode_mix(prefix: str, modes: Sequence[str]) -> dict[str, float | None]:

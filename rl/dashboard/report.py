@@ -118,7 +118,8 @@ def render_report(run: Run, trajectory_ids: Sequence[str] = ()) -> str:
     for name, build in charts.STEP_CHARTS:
         fig = build(run)
         if fig is None:
-            missing.append(name)
+            if name not in charts.CONDITIONAL_CHARTS:
+                missing.append(name)
         else:
             blocks.append(figure_block(name, fig))
     missing_note = (

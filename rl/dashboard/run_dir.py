@@ -22,7 +22,12 @@ A run directory is plain files, append-only, readable while the run is still wri
   tokens by the mode they were *predicted under*); ``kv/tokens_da`` (KV tokens the DA mask lets the
   batch read, summed over steps and completions), ``kv/tokens_vanilla`` (the same under causal
   attention), ``kv/saving`` (``1 - da / vanilla``), ``kv/bytes_da``, ``kv/bytes_vanilla``;
-  ``decode/steps`` (mean generated tokens), ``decode/steps_overhead`` (vs the vanilla trace);
+  ``kv/tokens_da/layer_<NN>`` (per layer, only when Selective Attention eviction makes layers differ;
+  ``kv/tokens_da`` is then their mean); ``decode/roofline_s_da``, ``decode/roofline_s_vanilla``
+  (roofline decoding time of the batch, seconds, at the reward config's accelerator: matmuls plus
+  every layer's attention, ``rewards.efficiency.decode_seconds``);
+  ``decode/steps`` (mean generated tokens), ``decode/steps_overhead`` (generated tokens over those of
+  the vanilla trace, minus 1: in GRPO the same completions with their mode tags cut out);
   ``violations/<kind>`` (violations of that kind per completion); ``is_ratio/mean|min|max``;
   ``throughput/tokens_per_s``. Other keys are kept (``Run.series`` reads any name), never an error.
 

@@ -32,17 +32,18 @@ from data.build import generate
 from data.config import DataConfig, TaskConfig
 from data.tokenizer import build_tokenizer
 from rewards import score_trajectories
+from rewards.efficiency import DecodeCost
 from rollouts.masks import KVShape, trace_completion
-from rollouts.protocol import build_prompt, token_bytes_table
+from rollouts.protocol import build_prompt, parse_completion, token_bytes_table
 from rollouts.trajectory import Trajectory
 
 from .records import length_bin, step_metrics, trajectory_record
 from .run_dir import RunWriter
 
-KV_SHAPE = KVShape(num_layers=28, num_kv_heads=8, head_dim=128, dtype_bytes=2)  # a Qwen3-8B-like KV shape
+# a Qwen3-1.7B-like decoding cost: 28 layers, 8 KV heads of 128, 16 query heads, 1.4B matmul weights
+DECODE_COST = DecodeCost(KVShape(num_layers=28, num_kv_heads=8, head_dim=128, dtype_bytes=2), 16, 1_400_000_000)
 PERTURBATIONS = ("global_only", "wrong_chunk", "wrong_answer", "broken_tags")
 _FOCUS_TAG = re.compile(r'<focus magic_chunks="([^"]*)">')
-_DA_TAG = re.compile(r'</?(?:global|local)>|<focus magic_chunks="[^"]*">|</focus>')
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 
 
@@ -68,9 +69,9 @@ def perturb(gold: str, kind: str, num_chunks: int) -> str:
     raise ValueError(f"unknown perturbation {kind!r}; expected 'gold' or one of {PERTURBATIONS}")
 
 
-def without_da_tags(gold: str) -> str:
+def without_da_tags(gold: str, num_chunks: int) -> str:
     """The same trace a model would write without the DA protocol: mode tags removed, answer kept."""
-    return _DA_TAG.sub("", gold)
+    return parse_completion(gold, num_chunks).without_mode_tags()
 
 
 def write_sample_run(
@@ -125,9 +126,11 @@ def write_sample_run(
             for i, k in zip(picks, kinds, strict=True)
         ]
         rewards = score_trajectories(batch).items
-        vanilla_steps = [n_tokens(without_da_tags(examples[i]["gold_completion"])) for i in picks]
+        vanilla_steps = [
+            n_tokens(without_da_tags(examples[i]["gold_completion"], layouts[i].num_chunks)) for i in picks
+        ]
         metrics = step_metrics(
-            batch, rewards, KV_SHAPE, vanilla_steps=vanilla_steps, wall_time_s=time.perf_counter() - started
+            batch, rewards, DECODE_COST, vanilla_steps=vanilla_steps, wall_time_s=time.perf_counter() - started
         )
         writer.log_metrics(step, "sample", metrics)
         writer.log_trajectories(
@@ -146,7 +149,7 @@ def _eval_results(examples: list[dict], rollout) -> list[dict]:
     for i, example in enumerate(examples):
         gold = example["gold_completion"]
         runs = {"da": rollout(i, gold, "da"), "da-nm": rollout(i, gold, "da-nm")}
-        runs["vanilla"] = rollout(i, without_da_tags(gold), "vanilla")
+        runs["vanilla"] = rollout(i, runs["da"].parsed.without_mode_tags(), "vanilla")
         scores = score_trajectories(runs.values()).items
         for (mode, t), score in zip(runs.items(), scores, strict=True):
             read = int(t.kv_tokens_read.sum())  # what this mode's engine reads: DA trace or full causal

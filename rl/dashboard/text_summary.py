@@ -24,6 +24,8 @@ HEADLINE = (
     "kv/tokens_da",
     "kv/tokens_vanilla",
     "kv/saving",
+    "decode/roofline_s_da",
+    "decode/roofline_s_vanilla",
     "decode/steps_overhead",
     "is_ratio/mean",
     "throughput/tokens_per_s",
@@ -33,6 +35,8 @@ HEADLINE = (
 def _fmt(value: float | None) -> str:
     if value is None:
         return "–"
+    if 0 < abs(value) < 1e-3:  # roofline seconds of a batch: microseconds
+        return f"{value:.3e}"
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4f}"
 
 

@@ -126,6 +126,21 @@ class ParsedCompletion:
     answer: str | None
     violations: list[Violation]
     text: str = ""
+    mode_tag_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each mode tag
+
+    def without_mode_tags(self) -> str:
+        """``text`` with every mode tag (``<global>``, ``<focus ...>``, ``</focus>``, ...) cut out: what
+        the completion says without the protocol (its answer tags kept).
+
+        >>> parse_completion('<global>plan</global><answer>8</answer>', 1).without_mode_tags()
+        'plan<answer>8</answer>'
+        """
+        kept, cursor = [], 0
+        for start, end in self.mode_tag_spans:
+            kept.append(self.text[cursor:start])
+            cursor = end
+        kept.append(self.text[cursor:])
+        return "".join(kept)
 
     @property
     def focused_chunks(self) -> tuple[int, ...]:
@@ -161,6 +176,7 @@ class ProtocolParser:
         self._after_answer_flagged = False
         self.answer: str | None = None
         self._focus_cache: dict[str, tuple[ModeState, list[str]]] = {}
+        self.mode_tag_spans: list[tuple[int, int]] = []  # character spans of the mode tags read so far
 
     # -- input -------------------------------------------------------------------------------------
 
@@ -196,7 +212,9 @@ class ProtocolParser:
             self._close_answer()
         elif self._answers_seen == 0:
             self._violation("missing_answer", end)
-        return ParsedCompletion(self.segments(end), self.answer, list(self.violations))
+        return ParsedCompletion(
+            self.segments(end), self.answer, list(self.violations), mode_tag_spans=list(self.mode_tag_spans)
+        )
 
     def segments(self, end: int | None = None) -> list[Segment]:
         """Segments ``[start, end)`` by the state their characters were predicted under."""
@@ -256,6 +274,8 @@ class ProtocolParser:
     def _tag(self, tag: str) -> None:
         start = self._consumed
         self._consumed += len(tag)
+        if tag in _MODE_TAGS or tag.startswith(_FOCUS_HEAD) or tag in _CLOSE_TAGS:
+            self.mode_tag_spans.append((start, self._consumed))
         if tag in _MODE_TAGS or tag.startswith(_FOCUS_HEAD):
             if self._open_mode is not None:
                 self._violation("nested_mode", start)

@@ -49,6 +49,7 @@ def main(mode: str, port: str, out: Path) -> None:
     from data.config import parse_config
     from data.tokenizer import build_tokenizer
     from rewards.trl_rewards import trl_reward_functions
+    from rl.distributed import release_process_group
     from rl.grpo import DARollout, HeedGRPOTrainer
     from rollouts.pool import PoolConfig, RolloutPool
     from tests.rollouts.conftest import save_tiny_qwen3
@@ -99,6 +100,7 @@ def main(mode: str, port: str, out: Path) -> None:
             "accuracy": [h["rewards/accuracy_reward/mean"] for h in history],
         }), flush=True)  # fmt: skip
     pool.shutdown()
+    release_process_group()
 
 
 if __name__ == "__main__":

@@ -87,7 +87,17 @@ def test_the_report_of_a_trained_run_draws_its_metrics(run_dir):
 
     figs = figures((run_dir / "report.html").read_text())
     assert {"importance_ratios", "throughput", "mode_mix", "kv_saving", "eval_comparison"} <= set(figs)
+    assert {"roofline_time", "decode_overhead", "kv_bytes"} <= set(figs)
     lines = metrics_lines(run_dir)
+    for row in (r for r in lines if r["phase"] == "grpo"):
+        # roofline time >= the KV bytes' memory time at the default accelerator (8 TB/s at 70 %), and
+        # more: the matmuls of every step come on top; DA never reads more than vanilla
+        assert row["decode/roofline_s_vanilla"] > row["kv/bytes_vanilla"] / (0.7 * 8e12)
+        assert row["decode/roofline_s_da"] <= row["decode/roofline_s_vanilla"]
+        assert row["kv/bytes_da"] / row["kv/bytes_vanilla"] == pytest.approx(
+            row["kv/tokens_da"] / row["kv/tokens_vanilla"]
+        )
+        assert row["decode/steps_overhead"] is not None
     checked = 0
     for name, fig in figs.items():
         for trace in fig["data"]:

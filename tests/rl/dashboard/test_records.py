@@ -1,10 +1,13 @@
 """Step metrics and trajectory records against hand counts on the paper's Acme example."""
 
+import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from rewards import score_trajectories
+from rewards.efficiency import DecodeCost, Roofline
 from rl.dashboard.records import length_bin, step_metrics, trajectory_record
 from rollouts.masks import KVShape, trace_completion
 from rollouts.protocol import GLOBAL_STATE, ModeState, build_prompt, parse_completion
@@ -51,8 +54,8 @@ def test_mode_mix_is_the_token_share_by_predicted_mode(batch):
 
 def test_kv_and_violation_metrics(batch):
     trajectories, rewards, _ = batch
-    shape = KVShape(num_layers=2, num_kv_heads=1, head_dim=32, dtype_bytes=2)
-    metrics = step_metrics(trajectories, rewards, kv_shape=shape, vanilla_steps=[10, 10], wall_time_s=2.0)
+    cost = DecodeCost(KVShape(num_layers=2, num_kv_heads=1, head_dim=32, dtype_bytes=2), query_heads=2)
+    metrics = step_metrics(trajectories, rewards, cost, vanilla_steps=[10, 10], wall_time_s=2.0)
     prompt_len = trajectories[0].layout.prompt_len
     lengths = [len(t.completion_ids) for t in trajectories]
     vanilla = sum(
@@ -67,6 +70,47 @@ def test_kv_and_violation_metrics(batch):
     assert metrics["throughput/tokens_per_s"] == pytest.approx(sum(lengths) / 2.0)
     assert metrics["reward/compliance"] == 0.5  # the gold trace complies, the broken one does not
     assert metrics["accuracy/by_task/multi_hop"] == 1.0
+    assert not any(k.startswith("kv/tokens_da/layer_") for k in metrics)  # every layer reads the same
+
+
+def test_roofline_time_by_hand(batch):
+    """Per decoding step: matmuls at MFU x peak, then per layer max(attention FLOPs / (MFU x peak),
+    KV bytes / (MBU x bandwidth)) for the tokens that step reads (the paper's §5.4 model)."""
+    trajectories, rewards, _ = batch
+    roofline = Roofline(hbm_bandwidth=1e12, peak_flops=1e14, mfu=0.5, mbu=0.5)
+    cost = DecodeCost(
+        KVShape(num_layers=3, num_kv_heads=2, head_dim=64, dtype_bytes=2), query_heads=4, matmul_params=10**6
+    )
+    metrics = step_metrics(trajectories, rewards, cost, roofline=roofline)
+    per_layer_token_bytes = 2 * 2 * 64 * 2  # K and V, 2 heads, 64 dims, bf16
+    per_layer_token_flops = 4 * 4 * 64  # q.K and p.V for 4 query heads
+    for side, counts in (("da", "kv_tokens"), ("vanilla", "kv_tokens_vanilla")):
+        expected = 0.0
+        for t in trajectories:
+            for tokens in getattr(t.trace, counts):
+                expected += 2 * 10**6 / (0.5 * 1e14)
+                memory = tokens * per_layer_token_bytes / (0.5 * 1e12)
+                compute = tokens * per_layer_token_flops / (0.5 * 1e14)
+                expected += 3 * max(memory, compute)
+        assert metrics[f"decode/roofline_s_{side}"] == pytest.approx(expected, rel=1e-9)
+    assert metrics["decode/roofline_s_da"] < metrics["decode/roofline_s_vanilla"]
+
+
+def test_per_layer_reads_under_eviction(batch):
+    """Selective Attention eviction: each layer reads its own count; the batch logs every layer's sum
+    and their mean as the DA tokens, vanilla stays the causal count."""
+    trajectories, rewards, _ = batch
+    evicted = []
+    for t in trajectories:
+        n = len(t.completion_ids)
+        per_layer = np.stack([t.trace.kv_tokens_vanilla, np.full(n, 40)], axis=1)  # layer 1 keeps 40
+        evicted.append(dataclasses.replace(t, kv_tokens_per_layer=per_layer))
+    metrics = step_metrics(evicted, rewards)
+    vanilla = sum(int(t.trace.kv_tokens_vanilla.sum()) for t in trajectories)
+    steps = sum(len(t.completion_ids) for t in trajectories)
+    assert metrics["kv/tokens_da/layer_00"] == vanilla and metrics["kv/tokens_da/layer_01"] == 40 * steps
+    assert metrics["kv/tokens_da"] == pytest.approx((vanilla + 40 * steps) / 2)
+    assert metrics["kv/tokens_vanilla"] == vanilla
 
 
 def test_record_is_json_and_carries_the_trace(batch):

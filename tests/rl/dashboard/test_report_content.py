@@ -7,11 +7,12 @@ import re
 import numpy as np
 import pytest
 
+from rl.dashboard import RunReader, RunWriter, render_report
 from rl.dashboard.charts import STEP_CHARTS
 
 from .conftest import figures, metrics_lines
 
-NOT_IN_SAMPLE_RUN = {"importance_ratios"}  # the sample run has no policy, so no ratios
+NOT_IN_SAMPLE_RUN = {"importance_ratios", "kv_by_layer"}  # no policy (ratios), no eviction (layers)
 
 
 def test_page_is_self_contained(report_page):
@@ -129,9 +130,26 @@ def test_samples_table_mode_mix_is_hand_counted(report_page, sample_run):
 
 def test_eval_chart_sums_the_eval_file(report_page, sample_run):
     results = json.loads((sample_run / "eval" / "gold_traces.json").read_text())["results"]
-    accuracy, kv = figures(report_page[1])["eval_comparison"]["data"]
-    for mode, acc, tokens in zip(accuracy["x"], accuracy["y"], kv["y"], strict=True):
+    accuracy, kv, steps = figures(report_page[1])["eval_comparison"]["data"]
+    for mode, acc, tokens, mean_steps in zip(accuracy["x"], accuracy["y"], kv["y"], steps["y"], strict=True):
         rows = [r for r in results if r["mode"] == mode]
+        n = sum(r["n"] for r in rows)
         assert tokens == sum(r["kv_tokens"] for r in rows)
-        assert acc == pytest.approx(sum(r["accuracy"] * r["n"] for r in rows) / sum(r["n"] for r in rows))
+        assert acc == pytest.approx(sum(r["accuracy"] * r["n"] for r in rows) / n)
+        assert mean_steps == pytest.approx(sum(r["decode_steps"] * r["n"] for r in rows) / n)
+    da, vanilla = steps["y"][0], steps["y"][2]
+    assert da > vanilla  # the gold traces' mode tags are extra steps; vanilla traces have none
     assert accuracy["x"] == ["da", "da-nm", "vanilla"]
+
+
+def test_eviction_run_draws_per_layer_reads(tmp_path):
+    """A run whose rollouts evicted per layer (step_metrics' ``kv/tokens_da/layer_NN``) gets one line
+    per layer with the logged numbers; a run without them does not list the chart as missing."""
+    writer = RunWriter(tmp_path)
+    logged = {0: [900, 400], 1: [880, 310]}
+    for step, (layer0, layer1) in logged.items():
+        writer.log_metrics(step, "grpo", {"kv/tokens_da/layer_00": layer0, "kv/tokens_da/layer_01": layer1})
+    page = render_report(RunReader(tmp_path).read())
+    lines = {t["name"]: t["y"] for t in figures(page)["kv_by_layer"]["data"]}
+    assert lines == {"layer_00": [900, 880], "layer_01": [400, 310]}
+    assert "kv_by_layer" not in re.search(r'id="charts-missing">([^<]*)<', page).group(1)

@@ -234,3 +234,23 @@ def test_fuzz_segments_tile_the_text(text):
         assert p.segments[0].start == 0 and p.segments[-1].end == len(text)
     # adjacent segments differ (equal ones are merged)
     assert all(a.state != b.state for a, b in zip(p.segments, p.segments[1:]))
+
+
+MODE_TAGS = ["<global>", "</global>", "<local>", "</local>", '<focus magic_chunks="2">', "<focus magic_chunks='1, 3'>",
+             "</focus>", '<focus magic_chunks="">']  # fmt: skip
+plain_text = st.text(st.characters(blacklist_characters="<", blacklist_categories=("Cs",)), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.tuples(st.booleans(), st.sampled_from(MODE_TAGS), plain_text), max_size=20))
+def test_fuzz_without_mode_tags_keeps_everything_else(pieces):
+    """Text built from mode tags, plain text and answer tags: cutting the mode tags leaves exactly the
+    rest, in order, however the tags nest or break the protocol."""
+    text, rest = "", ""
+    for is_tag, tag, words in pieces:
+        piece = tag if is_tag else f"{words}<answer>{words}</answer>"
+        text += piece
+        rest += "" if is_tag else piece
+    p = parse_completion(text, 3)
+    assert p.without_mode_tags() == rest
+    assert len(p.mode_tag_spans) == sum(is_tag for is_tag, _, _ in pieces)
