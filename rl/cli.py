@@ -114,6 +114,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from rl.config import ConfigError, load_run_config
+    from rl.distributed import RankZeroFailed
     from rl.train import Terminated, train
 
     overrides = list(args.overrides) + list(getattr(args, "phase_overrides", ()))
@@ -140,7 +141,66 @@ def _train(args: argparse.Namespace) -> int:
     except Terminated as err:
         print(f"heed: stopped: {err}", file=sys.stderr)
         return 143
+    except RankZeroFailed as err:  # this rank stopped because rank 0 did: its own report says why
+        print(f"heed: stopped: {err}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _load_config_or_resume(args: argparse.Namespace, overrides: list[str]):
+    """The run config of `heed train` / `heed launch`: --config (or the default) or RUN_DIR/config.yaml."""
+    from rl.config import load_run_config
+
+    if not args.resume:
+        return load_run_config(args.config, overrides)
+    config_file = Path(args.resume) / "config.yaml"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{args.resume} holds no run to resume (no config.yaml)")
+    return load_run_config(config_file, overrides)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from rl.config import ConfigError
+    from rl.launch import LaunchError, submit
+
+    if args.resume and args.config:
+        print("heed: error: --resume reads RUN_DIR/config.yaml; drop --config", file=sys.stderr)
+        return 2
+    try:
+        config = _load_config_or_resume(args, list(args.overrides))
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"heed: error: {err}", file=sys.stderr)
+        return 2
+    if args.resume and Path(config.run.output_dir).resolve() != Path(args.resume).resolve():
+        print(
+            f"heed: error: {args.resume}/config.yaml names run.output_dir {config.run.output_dir}; "
+            "resume the run directory it names",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return submit(
+            config,
+            address=args.address,
+            config_file=None if args.resume else Path(args.config) if args.config else None,
+            resume=bool(args.resume),
+            wait=not args.no_wait,
+        )
+    except LaunchError as err:
+        print(f"heed: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _status(args: argparse.Namespace) -> int:
+    from rl.launch import status
+
+    return status(args.address, args.job_id, logs=args.logs)
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from rl.launch import stop
+
+    return stop(args.address, args.job_id)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,6 +326,41 @@ def build_parser() -> argparse.ArgumentParser:
             "overrides", nargs="*", help="config overrides as dotted.key=value (e.g. grpo.max_steps=5)"
         )
         sub.set_defaults(func=_train, phase_overrides=phase_overrides)
+
+    launch = commands.add_parser(
+        "launch",
+        help="run the train job as a Ray job on a Ray cluster (trainer ranks as a Ray Train worker group, "
+        "rollout actors beside them); no --address: on a local Ray",
+    )
+    launch.add_argument("--config", help="run config YAML (default: the embedded configs/tiny.yaml)")
+    launch.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR (shared storage) from its last checkpoint",
+    )
+    launch.add_argument(
+        "--address",
+        help="the cluster's job server: http://HEAD:8265, or auto (the cluster this machine is in); "
+        "default: start a local Ray for this job",
+    )
+    launch.add_argument("--no-wait", action="store_true", help="submit and return (needs --address)")
+    launch.add_argument("overrides", nargs="*", help="config overrides as dotted.key=value")
+    launch.set_defaults(func=_launch)
+
+    status = commands.add_parser(
+        "status", help="state of a `heed launch` job, or of every heed job on a cluster"
+    )
+    status.add_argument("job_id", nargs="?", help="the job id `heed launch` printed (default: list them)")
+    status.add_argument(
+        "--address", required=True, help="the cluster's job server (http://HEAD:8265 or auto)"
+    )
+    status.add_argument("--logs", action="store_true", help="also print the job's logs")
+    status.set_defaults(func=_status)
+
+    stop = commands.add_parser("stop", help="stop a `heed launch` job (resume it later with --resume)")
+    stop.add_argument("job_id", help="the job id `heed launch` printed")
+    stop.add_argument("--address", required=True, help="the cluster's job server (http://HEAD:8265 or auto)")
+    stop.set_defaults(func=_stop)
     return parser
 
 

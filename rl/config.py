@@ -8,6 +8,7 @@
     sft:        the warm start on gold traces      grpo:    the RL phase (TRL's GRPO knobs, DeepSpeed)
     rollout:    the Ray pool of vLLM engines       rewards: rewards/config.py's RewardConfig
     eval:       which modes are evaluated, when    logging: wandb      export: the served checkpoint
+    cluster:    trainer ranks and their resources on a Ray cluster (`heed launch`)
 
 Every key is documented where it is defined (``rl/config_sections.py``; the comment after each field) and
 checked before anything starts; an error names the key by its dotted path and, for a typo, the near miss::
@@ -35,6 +36,7 @@ from rewards.config import RewardConfig
 from rl.config_sections import (
     REPO_ROOT,
     SHARE_ROOT,
+    ClusterSection,
     ConfigError,
     ContextStage,
     CurriculumSection,
@@ -75,6 +77,7 @@ class RunConfig(Section):
     eval: EvalSection = field(default_factory=EvalSection)  # held-out evaluation
     logging: LoggingSection = field(default_factory=LoggingSection)  # wandb
     export: ExportSection = field(default_factory=ExportSection)  # the served checkpoint
+    cluster: ClusterSection = field(default_factory=ClusterSection)  # trainer ranks on Ray (`heed launch`)
 
     def validate(self):
         check(
@@ -212,6 +215,7 @@ def _resolve_import_paths(raw: dict, folder: Path) -> None:
 
 __all__ = [
     "SECRET_FIELDS",
+    "ClusterSection",
     "ConfigError",
     "ContextStage",
     "CurriculumSection",

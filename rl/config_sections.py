@@ -43,6 +43,7 @@ LR_SCHEDULERS = (
     "inverse_sqrt",
 )  # fmt: skip
 WANDB_MODES = ("offline", "online", "disabled")
+WEIGHT_SYNC_MODES = ("object_store", "broadcast")  # rollouts.pool.WEIGHT_SYNC_MODES (no torch import here)
 # vllm.LLM arguments the run sets itself: model.path, run.block_size, run.seed.
 RESERVED_ENGINE_KWARGS = {"model": "model.path", "block_size": "run.block_size", "seed": "run.seed"}
 
@@ -446,12 +447,24 @@ class RolloutSection(Section):
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM arguments
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the actors (e.g. VLLM_*)
     max_attempts: int = 3  # tries per request before it comes back as a failed trajectory
+    # How new weights reach the engines after an optimizer step: object_store (through Ray's object store
+    # into every engine; CPU runs) or broadcast (trainer rank 0 -> every engine worker over NCCL on GPUs,
+    # gloo on CPU; for GPU pools). rollouts/pool.py has the details.
+    weight_sync: str = "object_store"
+    weight_sync_timeout_s: float = 300.0  # broadcast: limit for engines to answer, join and take one update
 
     def validate(self):
         self.at_least("num_actors", 1)
         self.at_least("num_cpus_per_actor", 0)
         self.at_least("num_gpus_per_actor", 0)
         self.at_least("max_attempts", 1)
+        self.one_of("weight_sync", WEIGHT_SYNC_MODES)
+        self.at_least("weight_sync_timeout_s", 0, strict=True)
+        check(
+            self.weight_sync != "broadcast" or "worker_extension_cls" not in self.engine_kwargs,
+            f"{self.key('engine_kwargs')}.worker_extension_cls",
+            "weight_sync: broadcast sets it (the weight receiver); remove it",
+        )
         check(
             self.ray_address is None or self.ray_address,
             self.key("ray_address"),
@@ -503,3 +516,53 @@ class ExportSection(Section):
 
     enabled: bool = True  # export the final policy for serving
     out: str | None = None  # export folder; None = RUN_DIR/export
+
+
+TRAINER_PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement group strategies
+TRAINER_BACKENDS = ("nccl", "gloo")
+
+
+@dataclass
+class ClusterSection(Section):
+    """Where the job's processes run. ``heed launch`` reads every key; ``heed train`` only
+    ``wait_timeout_s`` (it runs as many trainer processes as its launcher starts, e.g. torchrun)."""
+
+    SECTION: ClassVar[str] = "cluster"
+
+    trainer_workers: int = 1  # trainer ranks `heed launch` starts (Ray Train workers, data-parallel)
+    # Ray resources per trainer rank: {CPU: 1} on CPU, e.g. {GPU: 1, CPU: 10} on GPU nodes; a custom resource
+    # that only some nodes have (ray start --resources) keeps the ranks on those nodes.
+    trainer_resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
+    trainer_placement: str = "PACK"  # Ray placement: PACK, SPREAD, STRICT_PACK (one node), STRICT_SPREAD
+    backend: str | None = None  # torch.distributed: nccl, gloo; null: nccl if the ranks have GPUs, else gloo
+    # Rollout actors take rollout.num_cpus/gpus_per_actor wherever the trainer ranks left room; when set, this
+    # custom resource marks the rollout nodes and rank 0 fails the job if an actor landed on a node without it.
+    rollout_node_resource: str | None = None
+    python: str = "python"  # interpreter the job's entrypoint runs with on the head node (found on its PATH)
+    working_dir_excludes: list[str] = field(default_factory=list)  # more paths kept out of the job's package
+    # `heed launch` without --address starts a local Ray whose dashboard and job server bind here (loopback;
+    # 0.0.0.0 opens them to the network: keep Ray's token authentication on then)
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int = 8265  # ... and listen on this port
+    wait_timeout_s: float = 7200.0  # how long trainer ranks wait for rank 0 alone (data build, evals, export)
+
+    def validate(self):
+        self.at_least("trainer_workers", 1)
+        for name, amount in self.trainer_resources.items():
+            check(amount >= 0, f"{self.key('trainer_resources')}.{name}", f"must be >= 0, got {amount}")
+        self.one_of("trainer_placement", TRAINER_PLACEMENTS)
+        check(
+            self.backend is None or self.backend in TRAINER_BACKENDS,
+            self.key("backend"),
+            f"must be one of {', '.join(TRAINER_BACKENDS)} or null, got {self.backend!r}",
+        )
+        check(
+            self.backend != "nccl" or self.trainer_resources.get("GPU", 0) > 0,
+            self.key("backend"),
+            "nccl needs GPUs: give cluster.trainer_resources a GPU count",
+        )
+        check(self.python, self.key("python"), "must name an interpreter")
+        check(self.dashboard_host, self.key("dashboard_host"), "must be a host name or address")
+        ok = 0 < self.dashboard_port < 65536
+        check(ok, self.key("dashboard_port"), f"not a port: {self.dashboard_port}")
+        self.at_least("wait_timeout_s", 0, strict=True)

@@ -4,11 +4,11 @@ The columns (``rollouts.trajectory.ROLLOUT_MODES``):
 
 - ``da``: the DA prompt, decoded with the DA mask on — the engine reads only what the mode allows;
 - ``da-nm``: the same prompt with full causal attention (the paper's control: what the mask costs);
-- ``vanilla``: the same prompt run by the stock engine, nothing attached. Every mode uses one layout
-  (``data.prompts.layout_example``, the one place a row becomes a prompt), so with greedy decoding
-  ``vanilla`` writes what ``da-nm`` writes; it is the stock-engine reference the savings are measured
-  against. (The paper's Vanilla also drops the DA instructions from the prompt; the layout code has no
-  such prompt yet.)
+- ``vanilla``: the prompt without the DA instructions (as the paper's Vanilla), run by the stock engine
+  with nothing attached: the stock-engine reference the savings are measured against. Every mode is
+  laid out by ``data.prompts.layout_example`` (the one place a row becomes a prompt); when the run's
+  prompts carry no instructions (``instructions=False``, the tiny configs) ``vanilla`` has ``da-nm``'s
+  prompt, and with greedy decoding writes what ``da-nm`` writes.
 
 Per example and mode: one greedy request (temperature 0) → a :class:`~rollouts.trajectory.Trajectory`
 → :func:`rewards.score_trajectories`. Aggregated per (mode, task, context-length bin):
@@ -229,21 +229,24 @@ def build_requests(
     layout_style: str = "auto",
     instructions: bool = True,
 ) -> list[RolloutRequest]:
-    """One greedy request per example and mode (example-major), every mode on the example's one layout."""
+    """One greedy request per example and mode (example-major): ``da`` and ``da-nm`` on the example's DA
+    layout, ``vanilla`` on the same layout without the DA instructions."""
     modes = parse_modes(modes)
     if max_tokens < 1:
         raise EvalError(f"max_tokens must be at least 1, got {max_tokens}")
     requests = []
     for example in examples:
-        layout = layout_example(
-            example, tokenizer, block_size=block_size, thinking=thinking, style=layout_style,
-            instructions=instructions,
-        )  # fmt: skip
         row = dict(example)
-        requests += [
-            RolloutRequest(layout, mode, example=row, max_tokens=max_tokens, temperature=0.0)
-            for mode in modes
-        ]
+        layouts = {}
+        for mode in modes:
+            with_instructions = instructions and mode != "vanilla"
+            if with_instructions not in layouts:
+                layouts[with_instructions] = layout_example(
+                    example, tokenizer, block_size=block_size, thinking=thinking, style=layout_style,
+                    instructions=with_instructions,
+                )  # fmt: skip
+            layout = layouts[with_instructions]
+            requests.append(RolloutRequest(layout, mode, example=row, max_tokens=max_tokens, temperature=0.0))
     return requests
 
 

@@ -28,7 +28,8 @@ Rewards are :mod:`rewards` (the composite DA reward and each component, logged a
 run directory the dashboards read (``rl/dashboard/run_dir.py``).
 
 Multi-process training: rank 0 owns the pool; the other ranks' prompts are gathered, generated in one
-pool call and scattered back.
+pool call and scattered back (each rank keeps its slice), so a data-parallel step samples exactly what
+one process with the same global batch would (the request seeds follow the global slot order).
 """
 
 from __future__ import annotations
@@ -88,9 +89,16 @@ class PoolWeightSync:
     def sync_weights(self) -> None:
         accelerator = self.trainer.accelerator
         model = accelerator.unwrap_model(self.trainer.model)
-        weights = list(named_parameters_gathered(model))  # every rank takes part in the gathers
+        partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
+        if accelerator.is_main_process or partitioned:  # under ZeRO-3 every rank takes part in the gathers
+            weights = list(named_parameters_gathered(model))
         if accelerator.is_main_process:
-            self.pool.update_weights(weights)
+            stats = self.pool.update_weights(weights)
+            if stats is not None:  # sizes and times reach the metrics with the next rollouts
+                self.trainer._sync_metrics = {
+                    "weight_sync/bytes": stats.bytes,
+                    "weight_sync/seconds": stats.seconds,
+                }
         accelerator.wait_for_everyone()
         self.syncs += 1
 
@@ -159,12 +167,13 @@ class DARollout:
         started = time.perf_counter()
         payload: list[Any] = [None]
         if accelerator.is_main_process:
-            payload = [self.pool.generate(self.requests(all_ids, trainer))]
+            payload = [[self._trainable(t) for t in self.pool.generate(self.requests(all_ids, trainer))]]
         if accelerator.num_processes > 1:
             broadcast_object_list(payload, from_process=0)
+        batch = payload[0]  # the whole generation batch, every rank's prompts in rank order
         offset = accelerator.process_index * len(example_ids)
-        trajectories = [self._trainable(t) for t in payload[0][offset : offset + len(example_ids)]]
-        trainer.on_rollouts(trajectories, time.perf_counter() - started)
+        trajectories = batch[offset : offset + len(example_ids)]  # this rank's rows
+        trainer.on_rollouts(trajectories, time.perf_counter() - started, batch=batch)
         return {
             "prompt_ids": [list(t.layout.input_ids) for t in trajectories],
             "completion_ids": [list(t.completion_ids) for t in trajectories],
@@ -242,6 +251,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         self._last_loaded_step = -1
         self._active_traces: list[CompletionTrace] | None = None
         self._pending: dict[str, float | None] = {}
+        self._sync_metrics: dict[str, float] = {}  # the latest weight push (rank 0)
         self._pending_records: list[dict] = []
         self._rollout_traces: list[CompletionTrace] = []
 
@@ -252,9 +262,12 @@ class HeedGRPOTrainer(GRPOTrainer):
 
     # -- rollouts --------------------------------------------------------------------------------------
 
-    def on_rollouts(self, trajectories: list[Trajectory], wall_time_s: float) -> None:
-        """Called by :class:`DARollout` with a generation batch: keep its traces (the old-policy and
-        reference forwards run on it next) and record what the dashboards show."""
+    def on_rollouts(
+        self, trajectories: list[Trajectory], wall_time_s: float, batch: list[Trajectory] | None = None
+    ) -> None:
+        """Called by :class:`DARollout` with this rank's rows of a generation batch: keep their traces
+        (the old-policy and reference forwards run on them next); rank 0 records what the dashboards
+        show for the whole ``batch`` (every rank's rows; default: ``trajectories``)."""
         from rewards.composite import score_trajectories
         from rl.dashboard.records import step_metrics, trajectory_record
 
@@ -262,6 +275,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         self._active_traces = self._rollout_traces
         if not self.accelerator.is_main_process:
             return
+        trajectories = trajectories if batch is None else batch
         step = self.state.global_step
         rewards = score_trajectories(trajectories, self.reward_config).items
         self._pending = step_metrics(
@@ -272,6 +286,11 @@ class HeedGRPOTrainer(GRPOTrainer):
             wall_time_s=wall_time_s,
             roofline=self.reward_config.roofline,
         )
+        # rollouts the pool gave up on (each scores 0); a replaced engine's requests are resubmitted, not lost
+        self._pending.update(self._sync_metrics)  # the weight push before these rollouts, if any
+        self._sync_metrics = {}
+        self._pending["rollouts/failed"] = sum(t.finish_reason == "error" for t in trajectories)
+        self._pending["rollouts/count"] = len(trajectories)
         if self.prompt_log is not None:
             ids = [str(t.example.get("id")) for t in trajectories]
             with open(self.prompt_log, "a") as f:

@@ -17,6 +17,13 @@ checkpoint at the end of the current step, then exits with status 143; SIGTERM e
 
 One rollout pool serves every phase: it starts on the model the run begins from, and each later
 phase pushes its weights first (GRPO does so after every optimizer step).
+
+Several trainer processes (``torchrun --nproc-per-node N -m rl.cli train``, or `heed launch`'s Ray Train
+worker group) run the same recipe data-parallel: SFT and GRPO train on every rank (the global batch is
+split over them); rank 0 alone opens the run directory, builds the data and the starting model, owns
+the rollout pool, runs the evals, export and report, and writes every file, while the other ranks wait
+for it (``rl.distributed.TrainerRanks``) and then load what it wrote. A failure on rank 0 reaches the
+others as ``RankZeroFailed`` instead of leaving them waiting.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,7 +44,7 @@ from rich.table import Table
 from transformers import TrainerCallback
 
 from rl.config import RunConfig, save_run_config
-from rl.distributed import release_process_group
+from rl.distributed import TrainerRanks, release_process_group
 from rl.export import COMPLETE_MARKER, complete_steps
 
 logger = logging.getLogger(__name__)
@@ -53,9 +61,14 @@ def complete_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 class CheckpointMarker(TrainerCallback):
-    """Marks a checkpoint complete once the trainer has written all of it (rank 0)."""
+    """Marks a checkpoint complete once the trainer has written all of it: every rank has written its
+    part (rank 0 the weights, each rank its RNG state and, under ZeRO, its shards), then rank 0."""
+
+    def __init__(self, ranks: TrainerRanks | None = None):
+        self.ranks = ranks or TrainerRanks()
 
     def on_save(self, args, state, control, **kwargs):
+        self.ranks.barrier()
         if state.is_world_process_zero:
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             tmp = path / (COMPLETE_MARKER + ".tmp")
@@ -64,13 +77,16 @@ class CheckpointMarker(TrainerCallback):
 
 
 class StopOnSignal(TrainerCallback):
-    """SIGTERM -> save a checkpoint at the end of this step and stop."""
+    """SIGTERM -> save a checkpoint at the end of this step and stop (every rank, when any got it)."""
 
-    def __init__(self):
-        self.received = False
+    def __init__(self, ranks: TrainerRanks | None = None):
+        self.received = False  # this process got SIGTERM
+        self.stopped = False  # training stopped for it (on every rank)
+        self.ranks = ranks or TrainerRanks()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.received:
+        if self.ranks.any(self.received):
+            self.stopped = True
             control.should_save = True
             control.should_training_stop = True
         return control
@@ -97,6 +113,7 @@ class TrainRecipe:
         self.resume = resume
         self.state: dict[str, Any] = {"completed": [], "wall_s": {}, "eval": {}}
         self.pool = None
+        self.ranks = TrainerRanks()  # one process until setup() finds out otherwise
         self._stop = StopOnSignal()
         self._in_grpo = False  # SIGTERM inside GRPO waits for the step's checkpoint
 
@@ -105,6 +122,49 @@ class TrainRecipe:
     def setup(self) -> None:
         from rl.dashboard.run_dir import RunWriter
 
+        cfg = self.config
+        self.ranks = TrainerRanks.from_env(cfg.cluster.wait_timeout_s)
+        self._stop.ranks = self.ranks
+        # rank 0 opens the run directory (or says why it cannot); every rank goes on from its state
+        self.state = self.ranks.share(self.ranks.on_main(self._open_run_dir))
+        torch.manual_seed(cfg.run.seed)
+        self.writer = RunWriter(self.run_dir)
+        with self._phase_timer("setup"):
+            # rank 0 builds what the run directory lacks (tokenizer, data, starting model); then the
+            # other ranks load the very same files
+            start_dir = self.ranks.on_main(self._inputs)
+            if not self.ranks.is_main:
+                start_dir = self._inputs()
+            self.pool = self.ranks.on_main(lambda: self._start_pool(start_dir))
+        self.examples = {str(r["id"]): r for r in self.data[cfg.data.train_split]}
+        held_out = list(self.data[cfg.data.eval_split])
+        self.eval_rows = held_out[: cfg.data.eval_examples] if cfg.data.eval_examples else held_out
+
+    def _inputs(self) -> Path:
+        """Tokenizer, data and model of the run (built into the run directory when missing); returns the
+        folder the rollout pool can load the model from."""
+        self.tokenizer = self._tokenizer()
+        self.data = self._data()
+        self.model, start_dir = self._model()
+        return start_dir
+
+    def _start_pool(self, start_dir: Path):
+        """The rollout pool (rank 0), checked to sit on the rollout nodes when the config names them."""
+        pool = self._pool(start_dir)
+        resource = self.config.cluster.rollout_node_resource
+        if resource:
+            from rl.launch import check_rollout_placement
+
+            try:
+                nodes = check_rollout_placement(pool, resource)
+            except Exception:
+                pool.shutdown()
+                raise
+            console.print(f"[bold]rollout pool[/] actors on nodes {', '.join(nodes)} ({resource})")
+        return pool
+
+    def _open_run_dir(self) -> dict[str, Any]:
+        """Rank 0: a new run directory, or the one ``--resume`` continues; returns the run's state."""
         cfg = self.config
         if self.resume:
             if not (self.run_dir / "state.json").is_file():
@@ -119,16 +179,7 @@ class TrainRecipe:
         self._lock()
         save_run_config(cfg, self.run_dir / "config.yaml")
         self._save_state()  # from here on the folder is a run: `--resume` continues it
-        torch.manual_seed(cfg.run.seed)
-        self.writer = RunWriter(self.run_dir)
-        with self._phase_timer("setup"):
-            self.tokenizer = self._tokenizer()
-            self.data = self._data()
-            self.model, start_dir = self._model()
-            self.pool = self._pool(start_dir)
-        self.examples = {str(r["id"]): r for r in self.data[cfg.data.train_split]}
-        held_out = list(self.data[cfg.data.eval_split])
-        self.eval_rows = held_out[: cfg.data.eval_examples] if cfg.data.eval_examples else held_out
+        return self.state
 
     def _lock(self) -> None:
         """One writer per run directory: a second `heed train` on it fails instead of interleaving."""
@@ -240,6 +291,8 @@ class TrainRecipe:
                 num_gpus_per_actor=cfg.num_gpus_per_actor,
                 max_attempts=cfg.max_attempts,
                 ray_address=cfg.ray_address,
+                weight_sync=cfg.weight_sync,
+                weight_sync_timeout_s=cfg.weight_sync_timeout_s,
             )
         )
 
@@ -248,41 +301,56 @@ class TrainRecipe:
     def run(self) -> dict[str, Any]:
         """Run every phase not yet completed; returns ``state`` (also in ``state.json``)."""
         cfg = self.config
+        # Python takes signal handlers in the main thread only (Ray Train runs this in a thread of its own)
+        handle_sigterm = threading.current_thread() is threading.main_thread()
         previous = signal.getsignal(signal.SIGTERM)
         try:
             self.setup()
             # after set-up: starting Ray installs its own SIGTERM handler in this process
-            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            if handle_sigterm:
+                previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            # evals run on every rank: under ZeRO-3 each takes part in gathering the weights
             if cfg.eval.before_training:
-                self._once("eval_init", lambda: self.evaluate("init", step=0))
+                self._once("eval_init", lambda: self.evaluate("init", step=0), every_rank=True)
             if cfg.sft.enabled:
-                self._once("sft", self.sft)
+                self._once("sft", self.sft, every_rank=True)
                 if cfg.eval.after_sft:
-                    self._once("eval_sft", lambda: self.evaluate("sft", step=0))
+                    self._once("eval_sft", lambda: self.evaluate("sft", step=0), every_rank=True)
             if cfg.grpo.enabled:
-                self._once("grpo", self.grpo)
-                self._once("eval_grpo", lambda: self.evaluate("grpo", step=cfg.grpo.max_steps))
+                self._once("grpo", self.grpo, every_rank=True)
+                grpo_eval = lambda: self.evaluate("grpo", step=cfg.grpo.max_steps)  # noqa: E731
+                self._once("eval_grpo", grpo_eval, every_rank=True)
             if cfg.export.enabled:
                 self._once("export", self.export)
             self._once("report", self.report)
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            if handle_sigterm:
+                signal.signal(signal.SIGTERM, previous)
             self.cleanup()
-        self.print_summary()
+        if self.ranks.is_main:
+            self.print_summary()
         return self.state
 
-    def _once(self, phase: str, fn) -> None:
+    def _once(self, phase: str, fn, *, every_rank: bool = False) -> None:
+        """Run ``phase`` unless it finished earlier: on every trainer rank (``every_rank``), else on rank 0
+        while the others wait."""
         if phase in self.state["completed"]:
-            console.print(f"[dim]{phase}: done earlier, skipped[/]")
+            if self.ranks.is_main:
+                console.print(f"[dim]{phase}: done earlier, skipped[/]")
             return
         with self._phase_timer(phase):
-            fn()
+            if every_rank:
+                fn()
+                self.ranks.barrier()
+            else:
+                self.ranks.on_main(fn)
         self.state["completed"].append(phase)
         self._save_state()
 
     @contextmanager
     def _phase_timer(self, phase: str):
-        console.rule(f"[bold]{phase}")
+        if self.ranks.is_main:
+            console.rule(f"[bold]{phase}")
         started = time.perf_counter()
         yield
         self.state["wall_s"][phase] = round(
@@ -290,6 +358,8 @@ class TrainRecipe:
         )
 
     def _save_state(self) -> None:
+        if not self.ranks.is_main:
+            return
         tmp = self.run_dir / "state.json.tmp"
         tmp.write_text(json.dumps(self.state, indent=2))
         os.replace(tmp, self.run_dir / "state.json")
@@ -309,9 +379,17 @@ class TrainRecipe:
         rows = list(self.data[cfg.data.train_split])
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        train_sft(self.model, self.tokenizer, rows, sft_config, callbacks=[RunDirLogger(self.writer, "sft")])
-        self.model.save_pretrained(self.run_dir / "sft")
-        self.tokenizer.save_pretrained(self.run_dir / "sft")
+        trainer = train_sft(
+            self.model, self.tokenizer, rows, sft_config, callbacks=[RunDirLogger(self.writer, "sft")]
+        )
+        trainer.save_model(str(self.run_dir / "sft"))  # every rank (ZeRO-3 gathers); rank 0 writes
+        if self.ranks.is_main:
+            self.tokenizer.save_pretrained(self.run_dir / "sft")
+        if sft_config.deepspeed:
+            # DeepSpeed leaves its gradient hooks (and under ZeRO-3 its partitions) on the model it trained;
+            # a second engine over the same parameters (GRPO's) breaks in backward: go on from the saved copy
+            self.ranks.barrier()
+            self.model = self._load(self.run_dir / "sft", getattr(torch, cfg.model.dtype))
 
     def grpo(self) -> None:
         from datasets import Dataset
@@ -325,7 +403,7 @@ class TrainRecipe:
 
         cfg, g = self.config, self.config.grpo
         completions_per_step = g.prompts_per_step * g.num_generations
-        world = int(os.environ.get("WORLD_SIZE", "1"))  # trainer processes (accelerate/deepspeed launch)
+        world = self.ranks.world  # trainer processes: the global batch is split over them
         if completions_per_step % (g.gradient_accumulation_steps * world):
             raise ValueError(
                 f"grpo.prompts_per_step * grpo.num_generations = {completions_per_step} completions do not "
@@ -405,7 +483,7 @@ class TrainRecipe:
             prompt_log=str(self.run_dir / "grpo_prompts.jsonl"),
             decode_cost=decode_cost,
             reward_config=cfg.rewards,
-            callbacks=[CheckpointMarker(), self._stop],
+            callbacks=[CheckpointMarker(self.ranks), self._stop],
         )
         resume_from = complete_checkpoints(self.run_dir)
         self._in_grpo = True
@@ -413,12 +491,13 @@ class TrainRecipe:
             trainer.train(resume_from_checkpoint=str(resume_from[-1]) if resume_from else None)
         finally:
             self._in_grpo = False
-        if self._stop.received:
+        if self._stop.stopped:
             raise Terminated("SIGTERM: checkpoint saved; resume with `heed train --resume`")
         self.model = trainer.accelerator.unwrap_model(trainer.model)
-        trainer.save_model(str(self.run_dir / "final"))
-        self.tokenizer.save_pretrained(self.run_dir / "final")
-        trainer.state.save_to_json(str(self.run_dir / "final" / "trainer_state.json"))  # its step, for export
+        trainer.save_model(str(self.run_dir / "final"))  # every rank; rank 0 writes
+        if self.ranks.is_main:
+            self.tokenizer.save_pretrained(self.run_dir / "final")
+            trainer.state.save_to_json(str(self.run_dir / "final" / "trainer_state.json"))  # its step
 
     def _report_to(self) -> list[str]:
         mode = self.config.logging.wandb_mode
@@ -437,22 +516,29 @@ class TrainRecipe:
         from rl.grpo import named_parameters_gathered
 
         cfg = self.config
-        self.pool.update_weights(list(named_parameters_gathered(self.model)))
-        report = evaluate(
-            self.eval_rows,
-            self.pool.generate,
-            self.tokenizer,
-            modes=tuple(cfg.eval.modes),
-            block_size=cfg.run.block_size,
-            thinking=cfg.run.thinking,
-            layout_style=cfg.run.layout_style,
-            instructions=cfg.run.instructions,
-            max_tokens=cfg.eval.max_tokens,
-            reward_config=cfg.rewards,
-        )
-        self.writer.write_eval(name, step, report.results())
-        self.state["eval"][name] = report.by_mode()
-        console.print(report.to_table())
+        weights = None
+        if self.ranks.is_main or _partitioned(self.model):  # ZeRO-3: every rank takes part in the gathers
+            weights = list(named_parameters_gathered(self.model))
+
+        def on_rank0():
+            self.pool.update_weights(weights)
+            report = evaluate(
+                self.eval_rows,
+                self.pool.generate,
+                self.tokenizer,
+                modes=tuple(cfg.eval.modes),
+                block_size=cfg.run.block_size,
+                thinking=cfg.run.thinking,
+                layout_style=cfg.run.layout_style,
+                instructions=cfg.run.instructions,
+                max_tokens=cfg.eval.max_tokens,
+                reward_config=cfg.rewards,
+            )
+            self.writer.write_eval(name, step, report.results())
+            self.state["eval"][name] = report.by_mode()
+            console.print(report.to_table())
+
+        self.ranks.on_main(on_rank0)
 
     def export(self) -> None:
         from rl.export import export_checkpoint
@@ -493,6 +579,11 @@ class TrainRecipe:
             if what in self.state:
                 console.print(f"{what}: {self.state[what]}")
         console.print(f"run directory: {self.run_dir} (metrics.jsonl, eval/, checkpoints/, state.json)")
+
+
+def _partitioned(model: torch.nn.Module) -> bool:
+    """Whether DeepSpeed ZeRO-3 has partitioned the model's parameters over the ranks."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
 def _fmt(value) -> str:

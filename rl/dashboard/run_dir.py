@@ -29,6 +29,8 @@ A run directory is plain files, append-only, readable while the run is still wri
   ``decode/steps`` (mean generated tokens), ``decode/steps_overhead`` (generated tokens over those of
   the vanilla trace, minus 1: in GRPO the same completions with their mode tags cut out);
   ``violations/<kind>`` (violations of that kind per completion); ``is_ratio/mean|min|max``;
+  ``weight_sync/bytes``, ``weight_sync/seconds`` (the weight push to the rollout pool before the
+  batch); ``rollouts/count``, ``rollouts/failed`` (rollouts the pool gave up on, each scored 0);
   ``throughput/tokens_per_s``. Other keys are kept (``Run.series`` reads any name), never an error.
 
 ``trajectories/<name>.jsonl`` records (``records.trajectory_record`` writes them)::

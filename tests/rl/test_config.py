@@ -103,11 +103,29 @@ def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
         ("rewards.mfu=2", "rewards.mfu"),
         ("model.tiny.head_dim=16", "model.tiny"),
         ("logging.wandb_mode=loud", "logging.wandb_mode"),
+        ("rollout.weight_sync=nccl", "rollout.weight_sync"),
+        ("rollout.weight_sync_timeout_s=0", "rollout.weight_sync_timeout_s"),
     ],
 )
 def test_bad_values_name_the_dotted_key(override, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.").replace("[", r"\[")):
         load_run_config(None, [override])
+
+
+def test_weight_sync_choices_are_the_pools():
+    from rl.config_sections import WEIGHT_SYNC_MODES
+    from rollouts.pool import WEIGHT_SYNC_MODES as POOL_MODES
+
+    assert WEIGHT_SYNC_MODES == POOL_MODES
+    with pytest.raises(ConfigError, match=r"rollout\.weight_sync: must be one of object_store, broadcast"):
+        load_run_config(None, ["rollout.weight_sync=nccl"])
+    with pytest.raises(ConfigError, match=r"rollout\.engine_kwargs\.worker_extension_cls"):
+        load_run_config(
+            None, ["rollout.weight_sync=broadcast", "rollout.engine_kwargs.worker_extension_cls=x.Y"]
+        )
+    assert load_run_config(None).rollout.weight_sync == "object_store"  # CPU default
+    gpu = load_run_config(REPO / "configs" / "qwen3-8b-da.yaml")
+    assert gpu.rollout.weight_sync == "broadcast"
 
 
 def test_data_needs_exactly_one_source(tiny_raw):

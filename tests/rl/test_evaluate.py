@@ -12,7 +12,7 @@ import re
 import pytest
 
 from rl.cli import main
-from rl.evaluate import ALL, EvalError, evaluate, parse_modes, select_examples
+from rl.evaluate import ALL, EvalError, build_requests, evaluate, parse_modes, select_examples
 from rollouts.engines.base import build_trajectory
 from rollouts.masks import VisibilityTracker, kv_tokens_read
 
@@ -104,7 +104,7 @@ def test_rows_match_hand_computed_numbers(scripted_report, rows, token_table):
     (requests,) = generate.calls  # one generate call for the whole eval
     assert len(requests) == 3 * len(rows)
     assert all(r.temperature == 0.0 and r.max_tokens == 512 for r in requests)
-    layouts = {r.example["id"]: r.layout for r in requests}
+    layouts = {(r.example["id"], r.mode): r.layout for r in requests}
 
     by_key = {(r.mode, r.task, r.length_bin): r for r in report.rows}
     assert sorted(by_key) == sorted((m, t, "<=1K") for m in ("da", "da-nm", "vanilla") for t in TASKS)
@@ -127,7 +127,7 @@ def test_rows_match_hand_computed_numbers(scripted_report, rows, token_table):
 
         examples = [e for e in rows if e["task"] == task]
         runs = [generate.completion(e, mode)[0] for e in examples]
-        replays = [replay(layouts[e["id"]], ids, token_table) for e, ids in zip(examples, runs)]
+        replays = [replay(layouts[e["id"], mode], ids, token_table) for e, ids in zip(examples, runs)]
         da, causal = sum(r[0] for r in replays), sum(r[1] for r in replays)
         assert row.kv_tokens_vanilla == causal
         if mode == "da":
@@ -257,3 +257,18 @@ def test_heed_eval_end_to_end_on_the_rollout_pool(tmp_path, tokenizer, dataset_d
         else:
             assert r["kv_tokens"] <= r["kv_tokens_vanilla"]
     assert RunReader(run).read().evals["export-test"]["results"] == results
+
+
+def test_vanilla_prompt_drops_the_da_instructions(rows, tokenizer):
+    """The paper's Vanilla: the same documents and question without the DA system instructions; da and
+    da-nm share the DA prompt (the mask is the only difference between them)."""
+    from rollouts.protocol.instructions import system_instructions
+
+    requests = build_requests(rows[:1], tokenizer, instructions=True)
+    prompts = {r.mode: tokenizer.decode(r.layout.input_ids) for r in requests}
+    rule = "<focus magic_chunks="  # a line of the instructions, never in a question or document
+    assert rule in system_instructions() and rule in prompts["da"]
+    assert prompts["da-nm"] == prompts["da"]
+    assert rule not in prompts["vanilla"] and rows[0]["question"] in prompts["vanilla"]
+    plain = build_requests(rows[:1], tokenizer, instructions=False)
+    assert len({tokenizer.decode(r.layout.input_ids) for r in plain}) == 1  # no instructions: one prompt

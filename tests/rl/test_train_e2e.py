@@ -98,6 +98,13 @@ def test_the_report_of_a_trained_run_draws_its_metrics(run_dir):
             row["kv/tokens_da"] / row["kv/tokens_vanilla"]
         )
         assert row["decode/steps_overhead"] is not None
+    # every weight push sends every parameter under each of its names (the tied head too), fp32
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    expected = sum(p.numel() * 4 for _, p in model.named_parameters(remove_duplicate=False))
+    pushed = [r["weight_sync/bytes"] for r in lines if "weight_sync/bytes" in r]
+    assert pushed and set(pushed) == {expected}
     checked = 0
     for name, fig in figs.items():
         for trace in fig["data"]:

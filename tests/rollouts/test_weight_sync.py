@@ -122,3 +122,13 @@ def test_send_before_connect_is_an_error():
     sender = WeightSender("127.0.0.1", _free_port(), num_receivers=1, backend="gloo")
     with pytest.raises(WeightSyncError, match="connect"):
         sender.send([("w", torch.zeros(2))])
+
+
+def test_port_zero_binds_a_free_port_until_close():
+    sender = WeightSender("127.0.0.1", 0, num_receivers=1, backend="gloo")
+    assert sender.port > 0
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", sender.port))  # held from construction on: no race with another process
+    sender.close()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", sender.port))

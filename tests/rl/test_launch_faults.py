@@ -1,0 +1,196 @@
+"""`heed launch` jobs losing a process on the two-node cluster (tests/rl/ray_cluster.py):
+
+- a rollout actor killed (SIGKILL) while it decodes a GRPO batch: the pool replaces it and resubmits its
+  requests; the job finishes, every GRPO step is generated and scored exactly once, no rollout is lost;
+- trainer rank 1 killed mid-GRPO: the job stops (FAILED, no hang) and says how to resume; its rollout
+  actors and the other rank go with it; `heed launch --resume RUN_DIR` continues from the newest complete
+  checkpoint to the end, retraining the lost steps on the same prompts;
+- `heed stop` on a running job (submitted with --no-wait): STOPPED, with its ranks and actors gone.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.rl.ray_cluster import ROLLOUT_RESOURCE, TRAINER_RESOURCE, start_two_node_cluster
+from tests.rl.test_sft_deepspeed import ROOT
+
+pytestmark = pytest.mark.slow
+
+BASE = [
+    "sft.enabled=false",
+    "eval.before_training=false",
+    "grpo.prompts_per_step=2",
+    "grpo.num_generations=2",
+    "grpo.log_trajectories=1",
+    "data.build.splits={train: 24, test: 2}",
+    "data.build.lengths=[256]",
+    "data.eval_examples=2",
+    "eval.modes=[da]",
+    "eval.max_tokens=8",
+    "export.enabled=false",
+    "logging.wandb_mode=disabled",
+    "rollout.num_actors=2",
+    "cluster.trainer_workers=2",
+    f"cluster.trainer_resources={{CPU: 1, {TRAINER_RESOURCE}: 1}}",
+    f"cluster.rollout_node_resource={ROLLOUT_RESOURCE}",
+]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    pytest.importorskip("vllm")
+    # task states reach the state API within 0.1 s, so the test can see a rollout actor decoding
+    cluster = start_two_node_cluster(extra_env={"RAY_task_events_report_interval_ms": "100"})
+    yield cluster
+    cluster.stop()
+
+
+def launch(cluster, log: Path, *args: str) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rl.cli", "launch", "--address", cluster.address, *args],
+            cwd=ROOT, env=cluster.env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def job_actors(cluster, log: Path, class_name: str) -> list[dict]:
+    match = re.search(r"heed: submitted job (\S+)", log.read_text())
+    if match is None:
+        return []
+    jobs = [j for j in cluster.api("/api/jobs/") if j["submission_id"] == match[1]]
+    if not jobs or not jobs[0].get("job_id"):
+        return []
+    return [a for a in cluster.actors() if a["job_id"] == jobs[0]["job_id"] and a["class_name"] == class_name]
+
+
+def wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen | None, log: Path, poll_s=0.5):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert proc is None or proc.poll() is None, f"the job ended before {what}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g}s:\n{log.read_text()[-3000:]}"
+        time.sleep(poll_s)
+
+
+def grpo_records(run_dir: Path) -> list[dict]:
+    path = run_dir / "grpo_prompts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def grpo_metrics(run_dir: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if r["phase"] == "grpo" and "loss" in r]
+
+
+def test_a_rollout_actor_killed_while_decoding_is_replaced_and_nothing_is_lost(cluster, tmp_path):
+    steps = 4
+    run_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    # long completions (the untrained model rarely stops early): a generation takes seconds, so the
+    # actor is still decoding when the kill lands
+    job = launch(cluster, log, f"run.output_dir={run_dir}", *BASE, f"grpo.max_steps={steps}",
+                 "grpo.max_completion_length=384", "grpo.save_steps=10")  # fmt: skip
+    try:
+        wait_for(lambda: grpo_records(run_dir), 600, "first GRPO generation", job, log)
+
+        def decoding_actor():
+            tasks = cluster.api("/api/v0/tasks?detail=1&limit=1000")["data"]["result"]["result"]
+            now = time.time() * 1000
+            running = [
+                t for t in tasks
+                if t["name"].endswith("RolloutActor.generate") and t["state"] == "RUNNING"
+                and now - (t.get("start_time_ms") or now) < 1500  # freshly started: seconds of decoding left
+            ]  # fmt: skip
+            return running[0]["actor_id"] if running else None
+
+        actor_id = wait_for(decoding_actor, 300, "rollout actor decoding", job, log, poll_s=0.1)
+        (actor,) = [a for a in job_actors(cluster, log, "RolloutActor") if a["actor_id"] == actor_id]
+        os.kill(actor["pid"], signal.SIGKILL)  # the same machine: node B's processes are ours to signal
+        assert job.wait(timeout=900) == 0, log.read_text()[-4000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    output = log.read_text()
+    assert "rollout actor" in output and "replaced" in output  # the pool noticed and replaced it
+    rollout_actors = job_actors(cluster, log, "RolloutActor")
+    assert len(rollout_actors) == 3  # two, plus the replacement, which also went to node B
+    nodes = {n["node_id"]: n["resources_total"] for n in cluster.nodes()}
+    assert all(ROLLOUT_RESOURCE in nodes[a["node_id"]] for a in rollout_actors)
+    records = grpo_records(run_dir)
+    assert [r["step"] for r in records] == list(range(steps))  # every step generated exactly once
+    assert all(len(r["prompts"]) == 4 for r in records)  # with its whole batch
+    lines = grpo_metrics(run_dir)
+    assert [r["step"] for r in lines] == list(range(1, steps + 1))  # and scored exactly once
+    assert all(r["rollouts/count"] == 4 and r["rollouts/failed"] == 0 for r in lines)  # nothing lost
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["completed"] == ["grpo", "eval_grpo", "report"]
+
+
+def test_a_lost_trainer_rank_stops_the_job_and_resume_finishes_it(cluster, tmp_path):
+    steps = 6
+    run_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    job = launch(cluster, log, f"run.output_dir={run_dir}", *BASE, f"grpo.max_steps={steps}",
+                 "grpo.max_completion_length=16", "grpo.save_steps=2")  # fmt: skip
+    try:
+        marker = run_dir / "checkpoints" / "checkpoint-2" / "heed_complete.json"
+        wait_for(marker.is_file, 600, "complete checkpoint-2", job, log)
+        # rank 0 prints the recipe's output (its pid tags those lines); rank 1 is the other trainer worker
+        (rank0,) = set(re.findall(r"\(RayTrainWorker pid=(\d+)\)[^\n]*rollout pool", log.read_text()))
+        workers = job_actors(cluster, log, "RayTrainWorker")
+        (rank1,) = [a["pid"] for a in workers if str(a["pid"]) != rank0]
+        killed_at = len(grpo_records(run_dir))
+        os.kill(rank1, signal.SIGKILL)
+        assert job.wait(timeout=300) != 0  # it stops, and says so
+    finally:
+        if job.poll() is None:
+            job.kill()
+    output = log.read_text()
+    assert "FAILED" in output and f"heed launch --resume {run_dir}" in output
+    assert all(
+        a["state"] == "DEAD" for a in job_actors(cluster, log, "RolloutActor")
+    )  # no engine left behind
+    assert all(a["state"] == "DEAD" for a in job_actors(cluster, log, "RayTrainWorker"))
+    before = {r["step"]: r["prompts"] for r in grpo_records(run_dir)}
+    assert killed_at >= 2 and len(before) < steps
+
+    resume_log = tmp_path / "resume.log"
+    resumed = launch(cluster, resume_log, "--resume", str(run_dir))
+    assert resumed.wait(timeout=900) == 0, resume_log.read_text()[-4000:]
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["completed"] == ["grpo", "eval_grpo", "report"]
+    trainer_state = json.loads((run_dir / "final" / "trainer_state.json").read_text())
+    assert trainer_state["global_step"] == steps
+    after = {}
+    for record in grpo_records(run_dir):
+        after[record["step"]] = record["prompts"]  # a retrained step's last record wins
+    assert sorted(after) == list(range(steps))
+    assert all(after[step] == prompts for step, prompts in before.items())  # the same prompts again
+
+
+def test_heed_stop_ends_a_running_job_and_everything_it_started(cluster, tmp_path):
+    run_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    job = launch(cluster, log, "--no-wait", f"run.output_dir={run_dir}", *BASE, "grpo.max_steps=50")
+    assert job.wait(timeout=120) == 0, log.read_text()  # --no-wait: submitted, not followed
+    (job_id,) = re.findall(r"heed: submitted job (\S+)", log.read_text())
+    wait_for(lambda: job_actors(cluster, log, "RolloutActor"), 600, "rollout actors", None, log)
+    stopped = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "stop", job_id, "--address", cluster.address],
+        cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert stopped.returncode == 0, stopped.stderr
+    assert "STOPPED" in stopped.stdout and f"heed launch --resume {run_dir}" in stopped.stdout
+    deadline = time.monotonic() + 60  # Ray takes the job's actors down after its driver
+    while any(
+        a["state"] != "DEAD" for c in ("RolloutActor", "RayTrainWorker") for a in job_actors(cluster, log, c)
+    ):
+        assert time.monotonic() < deadline, "actors of the stopped job are still alive"
+        time.sleep(1.0)
