@@ -12,7 +12,8 @@
   that would kill the RL step.
 - Weights (``PoolConfig.weight_sync``): ``update_weights`` returns when every actor has them, with
   :class:`~rollouts.weight_sync.SyncStats` (tensors, bytes, seconds), and every actor drops its prefix
-  cache (KV written by the old weights).
+  cache (KV written by the old weights). Either way every actor is pinged first: one that died since
+  the last call (between two RL steps) is replaced before the weights go out.
 
   ``"object_store"`` (default, CPU): the tensors go to Ray's object store once; every actor loads them
   with vLLM's ``reload_weights`` (the CPU path, DESIGN.md "Facts measured").
@@ -214,6 +215,7 @@ class RolloutPool:
         if self.config.weight_sync == "broadcast":
             stats = self._broadcast(items)
         else:
+            self._check_actors()  # an actor that died since the last call is replaced, not a failed update
             items = [(name, t.detach().to("cpu", copy=True)) for name, t in items]
             self._weights = ray.put(items)
             ray.get([a.load_weights.remote(self._weights) for a in self.actors])
@@ -259,9 +261,9 @@ class RolloutPool:
         return stats
 
     def _check_actors(self) -> None:
-        """Every actor alive and idle before a broadcast: dead ones are replaced (and their engines
-        waited for); one that does not answer within the timeout fails the update, so no group is
-        ever formed around it."""
+        """Every actor alive and idle before a weight update: dead ones are replaced (and their engines
+        waited for); one that does not answer within ``weight_sync_timeout_s`` fails the update, so no
+        broadcast group is ever formed around it."""
         import ray
         from ray.exceptions import RayActorError
 

@@ -93,3 +93,18 @@ def test_killed_actor_mid_batch_returns_every_trajectory_once(ray_pool, acme, to
     assert pool.restarts == restarts + 1
     (want,) = ReferenceEngine(new_weights, tokenizer, num_threads=1).generate(gold_requests(acme, 1))
     assert_logprobs(out, want)
+
+
+def test_actor_dead_between_steps_is_replaced_by_the_next_update(ray_pool, acme, tokenizer, tiny_model_dir):
+    """An actor that died while the trainer was busy: the next weight update replaces it (rather than
+    failing the step) and every actor, the replacement included, decodes with the new weights."""
+    ray, pool = ray_pool
+    newer = perturbed_model(tiny_model_dir, seed=2)
+    restarts = pool.restarts
+    ray.kill(pool.actors[1], no_restart=True)
+    pool.update_weights(newer.state_dict())
+    assert pool.restarts == restarts + 1
+    out = pool.generate(gold_requests(acme, 4))
+    assert len({t.extra["actor_pid"] for t in out}) == 2  # both actors, the replacement included
+    (want,) = ReferenceEngine(newer, tokenizer, num_threads=1).generate(gold_requests(acme, 1))
+    assert_logprobs(out, want)
