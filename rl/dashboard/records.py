@@ -150,7 +150,8 @@ def step_metrics(
         )
         out.update(_mode_mix(f"mode_mix/by_length/{label}", [m for i in idx for m in modes[i]]))
 
-    out.update(_kv_reads([KVReads.from_trajectory(t) for t in trajectories], cost, roofline or Roofline()))
+    decoded = [t for t in trajectories if len(t.completion_ids)]  # a failed rollout may hold no step
+    out.update(_kv_reads([KVReads.from_trajectory(t) for t in decoded], cost, roofline or Roofline()))
 
     generated = sum(len(t.completion_ids) for t in trajectories)
     out["decode/steps"] = generated / len(trajectories) if trajectories else None

@@ -129,3 +129,16 @@ def test_record_is_json_and_carries_the_trace(batch):
 )
 def test_length_bins(tokens, label):
     assert length_bin(tokens) == label
+
+
+def test_a_rollout_without_tokens_counts_nothing(batch, tokenizer, token_table):
+    """A failed rollout with no generated token adds no KV reads and breaks nothing."""
+    trajectories, rewards, _ = batch
+    layout = trajectories[0].layout
+    empty = Trajectory(trajectories[0].example, layout, [], "", parse_completion("", 7),
+                       trace_completion(layout, [], token_table), finish_reason="error")  # fmt: skip
+    cost = DecodeCost(KVShape(num_layers=2, num_kv_heads=1, head_dim=32), query_heads=2)
+    with_empty = step_metrics([*trajectories, empty], [*rewards, rewards[1]], cost)
+    without = step_metrics(trajectories, rewards, cost)
+    for key in ("kv/tokens_da", "kv/tokens_vanilla", "kv/bytes_da", "decode/roofline_s_vanilla"):
+        assert with_empty[key] == without[key]
