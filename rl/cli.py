@@ -113,24 +113,17 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rl.config import ConfigError, load_run_config
+    from rl.config import ConfigError
     from rl.distributed import RankZeroFailed
     from rl.train import Terminated, train
 
+    if args.resume and args.config:
+        print("heed: error: --resume reads RUN_DIR/config.yaml; drop --config", file=sys.stderr)
+        return 2
     overrides = list(args.overrides) + list(getattr(args, "phase_overrides", ()))
     try:
-        if args.resume:
-            if args.config:
-                print("heed: error: --resume reads RUN_DIR/config.yaml; drop --config", file=sys.stderr)
-                return 2
-            config_file = Path(args.resume) / "config.yaml"
-            if not config_file.is_file():
-                print(f"heed: error: {args.resume} holds no run to resume (no config.yaml)", file=sys.stderr)
-                return 2
-            config = load_run_config(config_file, overrides)
-        else:
-            config = load_run_config(args.config, overrides)
-    except ConfigError as err:
+        config = _load_config_or_resume(args, overrides)
+    except (ConfigError, FileNotFoundError) as err:
         print(f"heed: error: {err}", file=sys.stderr)
         return 2
     try:
