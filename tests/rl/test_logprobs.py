@@ -93,3 +93,45 @@ def test_flex_attention_block_mask_matches_sdpa(model, rows):
         finally:
             model.config._attn_implementation = "sdpa"
     assert torch.allclose(sdpa, flex, atol=1e-5)
+
+
+def test_selective_logprobs_replay_the_engines_evictions(small_model, tokenizer, rows):
+    """A Selective Attention policy under KV budgets: the trainer's one padded forward, with the budgets
+    replayed over each row's real tokens, gives the log-probs the reference engine decoded with eviction."""
+    import copy
+
+    import numpy as np
+
+    from rl.logprobs import masked_completion_logps
+    from rollouts.engines import RolloutRequest
+    from rollouts.engines.reference import ReferenceEngine
+    from rollouts.selective_attention import SELECTIVE, AttentionState
+
+    model = copy.deepcopy(small_model)
+    model.config.selective_attention = True
+    model.set_attn_implementation(SELECTIVE)
+    traces, completions = rows
+    budgets = (24, 16)  # prompts are 100+ tokens: both layers evict from the start
+    engine = ReferenceEngine(model, tokenizer, num_threads=1, budgets=budgets)
+    runs = engine.generate(
+        [RolloutRequest(t.layout, "da", forced_ids=ids) for t, ids in zip(traces, completions)]
+    )
+
+    packed = pack(traces, completions, pad_token_id=tokenizer.pad_token_id)
+    real = torch.zeros(packed.input_ids.shape, dtype=torch.bool)
+    for b, (trace, ids) in enumerate(zip(traces, completions)):
+        real[b, packed.prompt_width - trace.layout.prompt_len : packed.prompt_width + len(ids)] = True
+    width = packed.completion_mask.shape[1]
+    with torch.no_grad():
+        replayed, _ = masked_completion_logps(
+            model,
+            packed.input_ids,
+            traces,
+            width,
+            heed_state=AttentionState(budgets=budgets, padding_mask=real),
+        )
+        full, _ = masked_completion_logps(model, packed.input_ids, traces, width)
+    for b, (run, ids) in enumerate(zip(runs, completions)):
+        assert np.abs(replayed[b, : len(ids)].numpy() - run.logprobs).max() <= 1e-4, f"row {b}"
+        assert np.abs(full[b, : len(ids)].numpy() - run.logprobs).max() > 1e-3, f"row {b}: budgets bite"
+        assert (run.kv_tokens_per_layer <= np.array(budgets)).all()

@@ -84,3 +84,33 @@ def test_sft_raises_gold_likelihood_under_the_mask(tokenizer, token_table, tmp_p
     after = gold_logp()
     assert losses[-1] < losses[0]
     assert after > before + 1.0, f"mean gold log-prob per token {before:.2f} -> {after:.2f}"
+
+
+def test_selective_model_sft_adds_the_memory_loss(tokenizer):
+    """A Selective Attention model's SFT loss is the DA-masked LM loss plus L_mem over the real tokens."""
+    from rl.selective_model import forward_with_memory_loss
+    from rl.sft import MemoryLossTrainer
+    from rollouts.selective_attention import SELECTIVE
+
+    rows = [encode_sft_row(r, tokenizer, block_size=32) for r in acme_rows(2)]
+    batch = DACollator(tokenizer, SELECTIVE, padding_mask=True)(rows)
+    width = max(len(r["prompt_ids"]) for r in rows)
+    for b, row in enumerate(rows):  # real tokens: the prompt right-aligned at `width`, then the completion
+        start, end = width - len(row["prompt_ids"]), width + len(row["completion_ids"])
+        assert batch["padding_mask"][b].nonzero()[:, 0].tolist() == list(range(start, end))
+
+    model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                                        num_key_value_heads=1, intermediate_size=128))  # fmt: skip
+    model.config.selective_attention = True
+    model.set_attn_implementation(SELECTIVE)
+    config = SFTConfig(memory_eps=0.3, memory_tau=0.5)
+    trainer = MemoryLossTrainer(model=model, memory=config)
+    with torch.no_grad():
+        loss = trainer.compute_loss(model, dict(batch))
+        inputs = {k: v for k, v in batch.items() if k != "padding_mask"}
+        lm = model(**inputs).loss
+        _, l_mem = forward_with_memory_loss(
+            model, padding_mask=batch["padding_mask"], eps=0.3, tau=0.5, **inputs
+        )
+    assert 0 < l_mem.item() < 0.3
+    assert loss.item() == pytest.approx(lm.item() + l_mem.item(), rel=1e-6)

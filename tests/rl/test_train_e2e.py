@@ -64,10 +64,16 @@ def test_export_is_a_thinking_model_that_reproduces_the_final_eval(run_dir, tmp_
     export = run_dir / "export"
     info = json.loads((export / "heed.json").read_text())
     assert info["thinking"] is True and info["source"]["checkpoint"] == "final"
-    out = tmp_path / "eval.json"
+    again, during = served_and_final_eval(run_dir, tmp_path / "eval.json")
+    assert again == during
+
+
+def served_and_final_eval(run_dir, out, *eval_args) -> tuple[list, list]:
+    """`heed eval` of the run's export on its test split (``eval_args`` added), and the run's own final
+    eval: their results as comparable sorted rows."""
     served = subprocess.run(
-        [sys.executable, "-m", "rl.cli", "eval", str(export), "--data", str(run_dir / "data"), "--split", "test",
-         "--max-tokens", "24", "--out", str(out)],
+        [sys.executable, "-m", "rl.cli", "eval", str(run_dir / "export"), "--data", str(run_dir / "data"),
+         "--split", "test", "--max-tokens", "24", "--out", str(out), *eval_args],
         cwd=ROOT, env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
@@ -77,7 +83,7 @@ def test_export_is_a_thinking_model_that_reproduces_the_final_eval(run_dir, tmp_
     during = sorted(
         tuple(r[k] for k in keys) for r in json.loads((run_dir / "eval/grpo.json").read_text())["results"]
     )
-    assert again == during
+    return again, during
 
 
 def test_the_report_of_a_trained_run_draws_its_metrics(run_dir):

@@ -51,6 +51,49 @@ def test_generation_and_completion_reads():
     assert run.completion_kv_tokens[0].tolist() == [[3, 4]] * 6
 
 
+@pytest.mark.parametrize("prefill", [1, 6])
+def test_masked_decoding_over_a_full_cache_equals_the_compact_cache(prefill):
+    """Eviction as masking (every key stays cached, each layer masks what it evicted: the paged-engine
+    form) takes the compacting loop's decisions: a prefill of ``prefill`` tokens, then one token per
+    forward over a ``DynamicCache`` that never shrinks."""
+    from transformers import DynamicCache
+
+    model = tiny_model("qwen3")
+    ids = torch.randint(1, VOCAB, (2, 13))
+    budgets = (3, 5)
+    compact = decode_with_eviction(model, ids, budgets, SelectiveEviction())
+    state, cache = AttentionState(budgets=budgets), DynamicCache(config=model.config)
+    with torch.no_grad():
+        rows = [model(ids[:, :prefill], past_key_values=cache, heed_state=state).logits]
+        reads = [torch.stack([state.kv_reads[layer][:, -1] for layer in range(2)], -1)]
+        for t in range(prefill, ids.shape[1]):
+            out = model(
+                ids[:, t : t + 1], position_ids=torch.full((2, 1), t), past_key_values=cache, heed_state=state
+            )
+            rows.append(out.logits)
+            reads.append(torch.stack([state.kv_reads[layer][:, 0] for layer in range(2)], -1))
+    assert cache.get_seq_length() == ids.shape[1]  # nothing was freed: the mask did the evicting
+    torch.testing.assert_close(torch.cat(rows, 1), compact.logits, atol=1e-4, rtol=1e-4)
+    assert torch.stack(reads[1:], 1).tolist() == compact.kv_reads[:, prefill:].tolist()
+    for layer in range(2):
+        assert state.held[layer].sum(-1).tolist() == [budgets[layer]] * 2
+        assert (state.held[layer] == compact.held[layer][:, -1]).all()
+
+
+def test_masked_decoding_needs_the_prefill_state():
+    from transformers import DynamicCache
+
+    model = tiny_model("qwen3")
+    ids = torch.randint(1, VOCAB, (1, 6))
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        state = AttentionState()
+        model(ids[:, :5], past_key_values=cache, heed_state=state)  # prefilled without budgets
+        state.budgets = (2, 2)
+        with pytest.raises(ValueError, match="continues a prefill"):
+            model(ids[:, 5:], position_ids=torch.tensor([[5]]), past_key_values=cache, heed_state=state)
+
+
 def test_selective_eviction_needs_a_selective_model():
     model = tiny_model("qwen3")
     with pytest.raises(ValueError, match="needs a Selective Attention model"):

@@ -85,3 +85,74 @@ def test_falls_back_with_a_warning_where_vllm_is_absent(tiny_model_dir, monkeypa
         engine = make_engine(tiny_model_dir)
     assert isinstance(engine, ReferenceEngine)
     assert "vLLM is not installed" in caplog.text
+
+
+def test_selective_model_decodes_what_one_replayed_forward_computes(tiny_model_dir, tokenizer, acme):
+    """A Selective Attention checkpoint with per-layer budgets: the engine (prefill replay, then eviction
+    as masking, token by token, DA mask on top) against one dense forward over prompt + completion with
+    the DA mask and the budgets replayed -- the trainer's path. Log-probs and per-layer reads agree."""
+    from transformers import AutoModelForCausalLM
+
+    from rollouts.eviction import save_budgets
+    from rollouts.selective_attention import SELECTIVE, AttentionState
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model.config.selective_attention = True
+    model.set_attn_implementation(SELECTIVE)
+    # The prompt alone is 1197 tokens. Generous budgets would change nothing: the tokens evicted first are
+    # the most masked, whose attention F has already driven to ~0.
+    budgets = (48, 32, 64, 24)
+    save_budgets(model.config, budgets)
+    engine = ReferenceEngine(model, tokenizer, num_threads=1)
+    completion = list(acme.gold_ids[:40])
+    (run,) = engine.generate([RolloutRequest(acme.layout, "da", forced_ids=completion)])
+
+    ids = torch.tensor([list(acme.layout.input_ids) + completion])
+    batch = mask_batch([run.trace], [0], ids.shape[1])
+    state = AttentionState(budgets=budgets)
+    with torch.inference_mode():
+        logits = model(
+            input_ids=ids,
+            attention_mask=dense_training_mask(batch),
+            position_ids=batch.position_ids,
+            heed_state=state,
+        ).logits[0]
+        unbudgeted = model(
+            input_ids=ids, attention_mask=dense_training_mask(batch), position_ids=batch.position_ids
+        ).logits[0]
+    rows = slice(acme.layout.prompt_len - 1, acme.layout.prompt_len - 1 + len(completion))
+    target = torch.tensor(completion)[:, None]
+    want = logits.float().log_softmax(-1)[rows].gather(-1, target)[:, 0].numpy()
+    without = unbudgeted.float().log_softmax(-1)[rows].gather(-1, target)[:, 0].numpy()
+    assert np.abs(np.subtract(run.logprobs, want)).max() <= 1e-4
+    # The budgets changed what was read (fp32 noise between the two paths is ~3e-6).
+    assert np.abs(np.subtract(run.logprobs, without)).max() > 5e-4
+    reads = torch.stack([state.kv_reads[layer][0, rows] for layer in range(4)], -1).numpy()
+    assert run.kv_tokens_per_layer.tolist() == reads.tolist()
+    assert (run.kv_tokens_per_layer <= np.array(budgets)).all()
+    assert (run.kv_tokens_per_layer[:, 1] < np.asarray(run.extra["kv_tokens_engine"])).all()
+
+
+def test_budgets_need_a_selective_model(reference_engine, tokenizer):
+    import pytest
+
+    with pytest.raises(ValueError, match="need a Selective Attention model"):
+        ReferenceEngine(reference_engine.model, tokenizer, budgets=8)
+
+
+def test_load_weights_takes_the_trainers_names_tied_ones_included(tiny_model_dir, tokenizer, acme):
+    import pytest
+
+    from ..conftest import perturbed_model
+
+    engine = ReferenceEngine(tiny_model_dir, tokenizer, num_threads=1)
+    stepped = perturbed_model(tiny_model_dir, seed=3)
+    # what the trainer sends: every parameter by name, plus the tied lm_head (vLLM's loader wants it too)
+    weights = [*stepped.named_parameters(), ("lm_head.weight", stepped.lm_head.weight)]
+    engine.load_weights((name, t.detach().clone()) for name, t in weights)
+    request = RolloutRequest(acme.layout, "da-nm", forced_ids=acme.gold_ids[:20])
+    (run,) = engine.generate([request])
+    want = dense_logprobs(stepped, acme.layout, acme.gold_ids[:20])
+    assert np.abs(np.subtract(run.logprobs, want)).max() <= 1e-4
+    with pytest.raises(KeyError, match=r"model\.layers\.99\.mlp"):
+        engine.load_weights([("model.layers.99.mlp.weight", torch.zeros(1))])
