@@ -73,6 +73,30 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _budgets(args: argparse.Namespace) -> int:
+    from rl.evaluate import EvalError
+    from rl.export import ExportError
+    from rl.selective_budgets import search_export_budgets
+
+    try:
+        result = search_export_budgets(
+            args.checkpoint, args.data, split=args.split, examples=args.examples, batch_size=args.batch_size,
+            step=args.step, tolerance=args.tolerance, write=args.write,
+        )  # fmt: skip
+    except (EvalError, ExportError, ValueError) as err:
+        print(f"heed: error: {err}", file=sys.stderr)
+        return 2
+    for budgets, loss in result.steps:  # plain lines: one per accepted reduction, never wrapped
+        print(f"  {list(budgets)}  loss {loss:.4f}")
+    print(
+        f"budgets {list(result.budgets)} (mean {result.mean_budget:.1f}): gold-completion loss "
+        f"{result.loss:.4f} <= target {result.target:.4f}, {result.evaluations} evaluations"
+    )
+    if args.write:
+        print(f"written to {args.checkpoint}/config.json and heed.json")
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -294,6 +318,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-cache-gib", type=float, default=1.0, help="vLLM CPU KV cache per engine in GiB (CPU only)"
     )
     evaluate.set_defaults(func=_eval)
+
+    budgets = commands.add_parser(
+        "budgets",
+        help="search per-layer KV budgets of an exported Selective Attention policy (greedy, paper section 4)",
+    )
+    budgets.add_argument("checkpoint", help="a `heed export` folder of a Selective Attention policy")
+    budgets.add_argument("--data", required=True, help="dataset folder from `heed data build`")
+    budgets.add_argument("--split", default="validation", help="search split (default: validation)")
+    budgets.add_argument("--examples", type=int, default=16, help="gold traces the loss is measured on")
+    budgets.add_argument("--batch-size", type=int, default=4, help="traces per forward")
+    budgets.add_argument("--step", type=int, default=32, help="tokens one reduction takes off a layer (C)")
+    budgets.add_argument(
+        "--tolerance", type=float, default=0.0, help="allowed loss increase over the full cache (0.01 = 1%%)"
+    )
+    budgets.add_argument(
+        "--write", action="store_true", help="store the budgets in config.json and heed.json"
+    )
+    budgets.set_defaults(func=_budgets)
 
     for name, help_text, phase_overrides in (
         (

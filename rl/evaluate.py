@@ -340,7 +340,7 @@ def eval_checkpoint(
     block_size = 32 if block_size is None else block_size
     thinking = bool(thinking)
 
-    rows = select_examples(_load_split(data_dir, split), limit)
+    rows = select_examples(load_split(data_dir, split), limit)
     if not rows:
         raise EvalError(f"split {split!r} of {data_dir} has no rows")
     from transformers import AutoTokenizer
@@ -420,7 +420,7 @@ def _is_selective(checkpoint) -> bool:
     return config.is_file() and bool(json.loads(config.read_text()).get("selective_attention", False))
 
 
-def _load_split(data_dir: str | Path, split: str) -> list[dict]:
+def load_split(data_dir: str | Path, split: str) -> list[dict]:
     import datasets
 
     path = Path(data_dir)

@@ -23,12 +23,12 @@ Three places run code:
    actors hold one bundle each of the pool's own placement group (``rollout.num_cpus_per_actor`` /
    ``num_gpus_per_actor`` plus ``rollout.resources_per_actor``, e.g. a resource only the rollout nodes
    carry, placed by ``rollout.placement``), so a node whose GPUs the trainer ranks hold gets none;
-   ``cluster.rollout_node_resource`` makes rank 0 check that every actor landed on a node carrying it. Under ``grpo.deepspeed``
-   accelerate builds the DeepSpeed engine in each rank on the process group Ray Train formed (Ray Train
-   sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``PORT`` to
-   match it), exactly as under torchrun. With ``cluster.colocate`` the actors share the ranks' GPUs
-   (fractions that fit one rank and one engine per GPU) and sleep while the ranks train
-   (:class:`ColocatedPool`).
+   ``cluster.rollout_node_resource`` makes rank 0 check that every actor landed on a node carrying it.
+   Under ``grpo.deepspeed`` accelerate builds the DeepSpeed engine in each rank on the process group Ray
+   Train formed (Ray Train sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+   ``MASTER_ADDR``/``PORT`` to match it), exactly as under torchrun. With ``cluster.colocate`` the actors
+   share the ranks' GPUs (fractions that fit one rank and one engine per GPU) and sleep while the ranks
+   train (:class:`rollouts.pool.ColocatedPool`).
 
 Failures. A lost rollout actor is replaced and its requests resubmitted by the pool. A lost trainer rank
 ends the job (Ray Train's ``max_failures`` is 0): the driver says so and exits non-zero, the run
@@ -426,38 +426,6 @@ def check_rollout_placement(pool, resource: str) -> list[str]:
             "(cluster.trainer_resources) or the rollout nodes more room"
         )
     return ips
-
-
-class ColocatedPool:
-    """The rollout pool of a colocated run (``cluster.colocate``): its engines share the trainer ranks'
-    GPUs and sleep whenever they are not taking weights or generating, so SFT, evals' trainer side and
-    every optimizer step have the GPU. Per GRPO step: wake, weights in, generate, sleep. Everything
-    else is the pool's."""
-
-    def __init__(self, pool, level: int = 1):
-        self.pool, self.level = pool, level
-        self.pool.sleep(level)  # from the start: SFT (or the first step) comes before any rollout
-        self.asleep = True
-
-    def __getattr__(self, name):
-        return getattr(self.pool, name)
-
-    def _awake(self) -> None:
-        if self.asleep:
-            self.pool.wake_up()
-            self.asleep = False
-
-    def update_weights(self, weights):
-        self._awake()
-        return self.pool.update_weights(weights)
-
-    def generate(self, requests):
-        self._awake()
-        try:
-            return self.pool.generate(requests)
-        finally:
-            self.pool.sleep(self.level)
-            self.asleep = True
 
 
 def job_resources(config) -> dict[str, float]:

@@ -74,3 +74,87 @@ def greedy_budget_search(
         result.budgets, result.loss = best, best_loss
         result.steps.append((best, best_loss))
     return result
+
+
+def search_policy_budgets(
+    model, batches, step: int = 32, tolerance: float = 0.0, progress=None
+) -> BudgetSearch:
+    """Budgets for a Selective Attention policy of the DA protocol: the greedy search on the loss of gold
+    completions under their DA mask (:func:`rl.selective_model.completion_loss_under_budgets`), down to
+    the policy's own full-cache loss times ``1 + tolerance``. ``batches``: :class:`rl.sft.DACollator`
+    batches with ``padding_mask``; ``progress(budgets, loss)`` is called after every evaluation."""
+    from rl.selective_model import completion_loss_under_budgets
+
+    batches = list(batches)
+    context = max(int(batch["padding_mask"].sum(-1).max()) for batch in batches)
+
+    def loss(budgets):
+        value = completion_loss_under_budgets(model, batches, budgets)
+        if progress is not None:
+            progress(budgets, value)
+        return value
+
+    full = loss(None)
+    return greedy_budget_search(loss, model.config.num_hidden_layers, context, full * (1 + tolerance), step)
+
+
+def search_export_budgets(
+    export_dir,
+    data_dir,
+    split: str = "validation",
+    examples: int = 16,
+    batch_size: int = 4,
+    step: int = 32,
+    tolerance: float = 0.0,
+    write: bool = False,
+) -> BudgetSearch:
+    """``heed budgets``: search the KV budgets of an exported Selective Attention policy on ``examples``
+    gold traces of ``split`` (laid out as the export's ``heed.json`` says), and with ``write`` store them in
+    its ``config.json`` and ``heed.json``, where the engines and ``heed eval`` read them."""
+    import json
+    from pathlib import Path
+
+    from rich.progress import Progress, TextColumn
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl.evaluate import load_split
+    from rl.export import HEED_JSON, read_heed_json
+    from rl.sft import DACollator, encode_sft_row
+    from rollouts.eviction import save_budgets
+    from rollouts.selective_attention import SELECTIVE
+
+    export_dir = Path(export_dir)
+    info = read_heed_json(export_dir)
+    if info is None:
+        raise ValueError(f"{export_dir} has no heed.json: search the budgets of a `heed export` output")
+    config = json.loads((export_dir / "config.json").read_text())
+    if not config.get("selective_attention"):
+        raise ValueError(
+            f"{export_dir} is not a Selective Attention model (config.json: selective_attention)"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    model = AutoModelForCausalLM.from_pretrained(export_dir, attn_implementation=SELECTIVE).eval()
+    layout = {
+        "block_size": info["block_size"],
+        "thinking": info["thinking"],
+        "style": info.get("layout_style", "auto"),
+        "instructions": info.get("instructions", True),
+    }
+    rows = [encode_sft_row(row, tokenizer, **layout) for row in load_split(data_dir, split)[:examples]]
+    if not rows:
+        raise ValueError(f"{data_dir} split {split!r} holds no examples")
+    collate = DACollator(tokenizer, SELECTIVE, padding_mask=True)
+    batches = [collate(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+    with Progress(TextColumn("[bold]budget search[/] {task.description}")) as bar:
+        task = bar.add_task("")
+
+        def show(budgets, loss):
+            bar.update(task, description=f"{list(budgets) if budgets else 'full cache'}: loss {loss:.4f}")
+
+        result = search_policy_budgets(model, batches, step=step, tolerance=tolerance, progress=show)
+    if write:
+        save_budgets(model.config, result.budgets)
+        model.config.to_json_file(export_dir / "config.json")
+        info["selective_budgets"] = list(result.budgets)
+        (export_dir / HEED_JSON).write_text(json.dumps(info, indent=2) + "\n")
+    return result

@@ -14,7 +14,9 @@ flag) is :mod:`rollouts.selective_attention`, shared with the rollout side; the 
   never the ``[b, n, n]`` mask, so the loss costs no memory beyond what the backward keeps anyway.
 - :func:`loss_under_budgets` -- the mean next-token loss when every layer holds at most ``K_l`` tokens,
   with the eviction replayed inside one forward (exactly what decoding with a compacted cache gives); the
-  objective of the budget search (:mod:`rl.selective_budgets`).
+  objective of the budget search (:mod:`rl.selective_budgets`) on plain text.
+- :func:`completion_loss_under_budgets` -- the same for a Declarative Attention policy: the loss of gold
+  completions under their DA mask (the SFT objective), the objective of ``heed budgets``.
 """
 
 from __future__ import annotations
@@ -112,4 +114,26 @@ def loss_under_budgets(
         count += nll.numel()
     if count == 0:
         raise ValueError("loss_under_budgets got no tokens to predict")
+    return total / count
+
+
+@torch.no_grad()
+def completion_loss_under_budgets(
+    model, batches: Iterable[dict], budgets: int | Sequence[int] | None
+) -> float:
+    """Mean cross-entropy of the completion tokens (nats per token) -- the SFT objective, under each row's
+    Declarative Attention mask -- with every layer holding at most ``budgets[l]`` tokens (``None``: no
+    eviction). ``batches``: :class:`rl.sft.DACollator` batches built with ``padding_mask=True``."""
+    _require_selective(model)
+    if budgets is not None:
+        budgets = check_budgets(budgets, model.config.num_hidden_layers)
+    total, count = 0.0, 0
+    for batch in batches:
+        inputs = dict(batch)
+        state = AttentionState(budgets=budgets, padding_mask=inputs.pop("padding_mask"))
+        tokens = int((inputs["labels"][:, 1:] != -100).sum())  # the model shifts the labels by one
+        total += float(model(**inputs, heed_state=state).loss) * tokens
+        count += tokens
+    if count == 0:
+        raise ValueError("completion_loss_under_budgets got no completion tokens")
     return total / count

@@ -163,7 +163,7 @@ class TrainRecipe:
                 raise
             console.print(f"[bold]rollout pool[/] actors on nodes {', '.join(nodes)} ({resource})")
         if self.config.cluster.colocate:  # the engines sleep while the trainer has the GPUs
-            from rl.launch import ColocatedPool
+            from rollouts.pool import ColocatedPool
 
             return ColocatedPool(pool)
         return pool

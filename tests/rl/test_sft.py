@@ -114,3 +114,23 @@ def test_selective_model_sft_adds_the_memory_loss(tokenizer):
         )
     assert 0 < l_mem.item() < 0.3
     assert loss.item() == pytest.approx(lm.item() + l_mem.item(), rel=1e-6)
+
+
+def test_completion_loss_under_budgets(tokenizer):
+    """The budget search's objective for a DA policy: with budgets the rows never reach it is the plain
+    DA-masked SFT loss (an independent path: no eviction state at all); tight budgets change it."""
+    from rl.selective_model import completion_loss_under_budgets
+    from rollouts.selective_attention import SELECTIVE
+
+    rows = [encode_sft_row(r, tokenizer, block_size=32) for r in acme_rows(2)]
+    batch = DACollator(tokenizer, SELECTIVE, padding_mask=True)(rows)
+    model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                                        num_key_value_heads=1, intermediate_size=128))  # fmt: skip
+    model.config.selective_attention = True
+    model.set_attn_implementation(SELECTIVE)
+    with torch.no_grad():
+        plain = model(**{k: v for k, v in batch.items() if k != "padding_mask"}).loss.item()
+    longest = int(batch["padding_mask"].sum(-1).max())
+    assert completion_loss_under_budgets(model, [batch], [longest, longest]) == pytest.approx(plain, rel=1e-6)
+    assert completion_loss_under_budgets(model, [batch], None) == pytest.approx(plain, rel=1e-6)
+    assert completion_loss_under_budgets(model, [batch], [8, 8]) != pytest.approx(plain, rel=1e-4)

@@ -4,6 +4,7 @@ that carries its budgets and, served again through `heed eval`, reproduces the r
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -63,3 +64,24 @@ def test_the_export_carries_its_budgets_and_reproduces_the_final_eval(run_dir, t
     assert config["selective_attention"] is True and config["selective_budgets"] == BUDGETS
     again, during = served_and_final_eval(run_dir, tmp_path / "eval.json", "--modes", "da")
     assert again and again == during
+
+
+def test_heed_budgets_searches_the_exports_budgets_and_writes_them(run_dir, tmp_path):
+    """`heed budgets` on a copy of the export: the greedy search on gold completions under the DA mask
+    ends within its target and stores its budgets where the engines and `heed eval` read them."""
+    import shutil
+
+    export = tmp_path / "export"
+    shutil.copytree(run_dir / "export", export)
+    out = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "budgets", str(export), "--data", str(run_dir / "data"), "--split", "test",
+         "--examples", "2", "--step", "300", "--write"],
+        cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    found = json.loads((export / "heed.json").read_text())["selective_budgets"]
+    assert json.loads((export / "config.json").read_text())["selective_budgets"] == found
+    assert f"budgets {found}" in out.stdout and len(found) == 4
+    assert all(b >= 2 for b in found)
+    loss, target = map(float, re.search(r"loss ([\d.]+) <= target ([\d.]+)", out.stdout).groups())
+    assert loss <= target
