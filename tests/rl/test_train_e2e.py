@@ -32,11 +32,14 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("e2e") / "thinking"
+    return train_run(tmp_path_factory.mktemp("e2e") / "thinking", "configs/tiny-thinking.yaml", *OVERRIDES)
+
+
+def train_run(run_dir, config: str, *overrides):
+    """`heed train --config CONFIG run.output_dir=RUN_DIR OVERRIDES...` in a subprocess; returns RUN_DIR."""
     env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "offline"}
     out = subprocess.run(
-        [sys.executable, "-m", "rl.cli", "train", "--config", "configs/tiny-thinking.yaml",
-         f"run.output_dir={run_dir}", *OVERRIDES],
+        [sys.executable, "-m", "rl.cli", "train", "--config", config, f"run.output_dir={run_dir}", *overrides],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]

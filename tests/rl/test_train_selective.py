@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.rl.test_sft_deepspeed import ROOT
-from tests.rl.test_train_e2e import OVERRIDES, served_and_final_eval
+from tests.rl.test_train_e2e import OVERRIDES, served_and_final_eval, train_run
 
 pytestmark = pytest.mark.slow
 
@@ -20,16 +20,11 @@ BUDGETS = [320, 256, 192, 256]  # configs/tiny-selective.yaml's: prompts here ar
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("e2e") / "selective"
-    env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "offline"}
-    out = subprocess.run(
-        [sys.executable, "-m", "rl.cli", "train", "--config", "configs/tiny-selective.yaml",
-         f"run.output_dir={run_dir}", *OVERRIDES, "sft.max_steps=2", "sft.logging_steps=1", "eval.before_training=false",
-         "eval.after_sft=false", "eval.modes=[da]"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    return train_run(
+        tmp_path_factory.mktemp("e2e") / "selective", "configs/tiny-selective.yaml", *OVERRIDES,
+        "sft.max_steps=2", "sft.logging_steps=1", "eval.before_training=false", "eval.after_sft=false",
+        "eval.modes=[da]",
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-4000:]
-    return run_dir
 
 
 def metrics(run_dir, phase):
