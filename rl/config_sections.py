@@ -338,6 +338,10 @@ class SFTSection(Section):
     warmup_steps: int = 100  # linear warm-up steps
     weight_decay: float = 0.0  # AdamW weight decay
     logging_steps: int = 10  # log the loss every N steps
+    # Copy warm-up before SFT (rl/copy_warmup.py): steps on random token spans shown twice, which form
+    # the copying circuit needle tasks need; 0 skips it. Same batch size and learning rate as SFT.
+    copy_warmup_steps: int = 0
+    copy_warmup_span: int = 100  # tokens per span (a row is the span twice)
 
     def validate(self):
         for name in ("max_steps", "per_device_batch_size", "logging_steps"):
@@ -345,6 +349,8 @@ class SFTSection(Section):
         self.at_least("learning_rate", 0, strict=True)
         self.at_least("warmup_steps", 0)
         self.at_least("weight_decay", 0)
+        self.at_least("copy_warmup_steps", 0)
+        self.at_least("copy_warmup_span", 2)
 
     def to_sft_config(self, run: RunSection, output_dir: str, deepspeed: str | None):
         """The ``rl.sft.SFTConfig`` for this section under ``run`` (seed, block size, thinking)."""

@@ -123,25 +123,11 @@ class SFTConfig:
             raise ValueError(f"SFTConfig.learning_rate must be > 0, got {self.learning_rate}")
 
 
-def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig, callbacks=()):
-    """Run the warm start; returns the HF ``Trainer`` (its ``state.log_history`` holds the losses)."""
-    from datasets import Dataset
+def training_arguments(config: SFTConfig, **overrides):
+    """Hugging Face ``TrainingArguments`` for ``config`` (``overrides`` replace single fields)."""
     from transformers import TrainingArguments
 
-    encoded = Dataset.from_list(
-        [
-            encode_sft_row(
-                r,
-                tokenizer,
-                block_size=config.block_size,
-                thinking=config.thinking,
-                style=config.layout_style,
-                instructions=config.instructions,
-            )
-            for r in train_rows
-        ]
-    )
-    args = TrainingArguments(
+    fields = dict(
         output_dir=config.output_dir,
         max_steps=config.max_steps,
         per_device_train_batch_size=config.per_device_batch_size,
@@ -157,6 +143,27 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
     )
+    return TrainingArguments(**{**fields, **overrides})
+
+
+def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig, callbacks=()):
+    """Run the warm start; returns the HF ``Trainer`` (its ``state.log_history`` holds the losses)."""
+    from datasets import Dataset
+
+    encoded = Dataset.from_list(
+        [
+            encode_sft_row(
+                r,
+                tokenizer,
+                block_size=config.block_size,
+                thinking=config.thinking,
+                style=config.layout_style,
+                instructions=config.instructions,
+            )
+            for r in train_rows
+        ]
+    )
+    args = training_arguments(config)
     memory = getattr(model.config, "selective_attention", False) and config.memory_eps > 0
     collator = DACollator(tokenizer, model.config._attn_implementation or "sdpa", padding_mask=memory)
     trainer_cls, extra = (MemoryLossTrainer, {"memory": config}) if memory else (Trainer, {})

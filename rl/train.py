@@ -2,6 +2,7 @@
 
     setup      run directory, config (secrets dropped), tokenizer, data, model, one rollout pool
     eval       the starting model on held-out data: da / da-nm / vanilla        -> eval/init.json
+    copy_warmup  (sft.copy_warmup_steps > 0) spans shown twice: the copying circuit -> copy_warmup/
     sft        warm start on gold DA traces, loss under the DA mask            -> sft/
     eval                                                                        -> eval/sft.json
     grpo       DA-masked GRPO (rl/grpo.py), checkpoints every N steps         -> checkpoints/, final/
@@ -35,6 +36,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +96,7 @@ class StopOnSignal(TrainerCallback):
 
 
 class RunDirLogger(TrainerCallback):
-    """Appends a Hugging Face trainer's log lines to the run directory (the SFT phase)."""
+    """Appends a Hugging Face trainer's log lines to the run directory (copy warm-up and SFT phases)."""
 
     def __init__(self, writer, phase: str):
         self.writer, self.phase = writer, phase
@@ -247,6 +249,7 @@ class TrainRecipe:
             self.run_dir / "final",
             *reversed(checkpoints),
             self.run_dir / "sft",
+            self.run_dir / "copy_warmup",
             self.run_dir / "init",
         ):
             if (folder / "config.json").is_file():
@@ -342,6 +345,8 @@ class TrainRecipe:
             if cfg.eval.before_training:
                 self._once("eval_init", lambda: self.evaluate("init", step=0), every_rank=True)
             if cfg.sft.enabled:
+                if cfg.sft.copy_warmup_steps:
+                    self._once("copy_warmup", self.copy_warmup, every_rank=True)
                 self._once("sft", self.sft, every_rank=True)
                 if cfg.eval.after_sft:
                     self._once("eval_sft", lambda: self.evaluate("sft", step=0), every_rank=True)
@@ -398,13 +403,31 @@ class TrainRecipe:
         if not self._in_grpo:  # GRPO stops at the end of its step, after a checkpoint; the rest now
             raise Terminated("SIGTERM")
 
+    def _sft_config(self):
+        cfg = self.config
+        return cfg.sft.to_sft_config(cfg.run, str(self.run_dir / "sft_trainer"), cfg.grpo.deepspeed_path)
+
+    def copy_warmup(self) -> None:
+        from rl.copy_warmup import copy_accuracy, train_copy_warmup
+
+        cfg = self.config.sft
+        trainer = train_copy_warmup(
+            self.model, self.tokenizer, self._sft_config(), steps=cfg.copy_warmup_steps,
+            span=cfg.copy_warmup_span, callbacks=[RunDirLogger(self.writer, "copy_warmup")],
+        )  # fmt: skip
+        if self.ranks.is_main and not _partitioned(self.model):
+            # on spans it never trained on: another seed's rows (row i of seed s is drawn from s * 1000003 + i)
+            unseen = replace(trainer.train_dataset, size=16, seed=trainer.train_dataset.seed + 1)
+            accuracy = copy_accuracy(self.model, unseen)
+            self.writer.log_metrics(cfg.copy_warmup_steps, "copy_warmup", {"copy_accuracy": accuracy})
+            console.print(f"copy warm-up: greedy copy accuracy on unseen repeated spans {accuracy:.3f}")
+        self._save_trained(trainer, "copy_warmup")
+
     def sft(self) -> None:
         from rl.sft import train_sft
 
         cfg = self.config
-        sft_config = cfg.sft.to_sft_config(
-            cfg.run, str(self.run_dir / "sft_trainer"), cfg.grpo.deepspeed_path
-        )
+        sft_config = self._sft_config()
         if cfg.selective.enabled:
             sft_config.memory_eps, sft_config.memory_tau = cfg.selective.memory_eps, cfg.selective.memory_tau
         rows = list(self.data[cfg.data.train_split])
@@ -413,14 +436,19 @@ class TrainRecipe:
         trainer = train_sft(
             self.model, self.tokenizer, rows, sft_config, callbacks=[RunDirLogger(self.writer, "sft")]
         )
-        trainer.save_model(str(self.run_dir / "sft"))  # every rank (ZeRO-3 gathers); rank 0 writes
+        self._save_trained(trainer, "sft")
+
+    def _save_trained(self, trainer, name: str) -> None:
+        """Save a phase's model to ``RUN_DIR/name`` (what a resume starts from)."""
+        trainer.save_model(str(self.run_dir / name))  # every rank (ZeRO-3 gathers); rank 0 writes
         if self.ranks.is_main:
-            self.tokenizer.save_pretrained(self.run_dir / "sft")
-        if sft_config.deepspeed:
+            self.tokenizer.save_pretrained(self.run_dir / name)
+        if trainer.args.deepspeed:
             # DeepSpeed leaves its gradient hooks (and under ZeRO-3 its partitions) on the model it trained;
-            # a second engine over the same parameters (GRPO's) breaks in backward: go on from the saved copy
+            # a second engine over the same parameters (the next phase's) breaks in backward: go on from
+            # the saved copy
             self.ranks.barrier()
-            self.model = self._load(self.run_dir / "sft", getattr(torch, cfg.model.dtype))
+            self.model = self._load(self.run_dir / name, getattr(torch, self.config.model.dtype))
 
     def grpo(self) -> None:
         from datasets import Dataset

@@ -12,7 +12,7 @@ A run directory is plain files, append-only, readable while the run is still wri
     {"step": 12, "time": 1764478800.5, "phase": "grpo", "reward/total": 1.42, "mode_mix/global": 0.27, ...}
 
 - ``step`` (int), ``time`` (Unix seconds, float) and ``phase`` are always present. ``phase`` is
-  ``"sft"``, ``"grpo"``, ``"eval"`` or ``"sample"`` (``rl.dashboard.sample_run``: scored gold and
+  ``"copy_warmup"`` (``rl.copy_warmup``), ``"sft"``, ``"grpo"``, ``"eval"`` or ``"sample"`` (``rl.dashboard.sample_run``: scored gold and
   perturbed traces, no training).
 - Every other key is a flat metric name -> number (``null`` when undefined for that step). The
   names the report knows, all optional (``records.step_metrics`` computes the rollout ones):
@@ -79,7 +79,7 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_DIR = "trajectories"
 EVAL_DIR = "eval"
-PHASES = ("sft", "grpo", "eval", "sample")
+PHASES = ("copy_warmup", "sft", "grpo", "eval", "sample")
 ROW_KEYS = ("step", "time", "phase")  # every metrics line has these; the rest are metric names
 
 

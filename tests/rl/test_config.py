@@ -92,6 +92,8 @@ def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
         ("grpo.deepspeed=configs/deepspeed/zero9.json", "grpo.deepspeed"),
         ("grpo.gradient_accumulation_steps=3", "grpo.gradient_accumulation_steps"),
         ("grpo.top_p=1.5", "grpo.top_p"),
+        ("sft.copy_warmup_span=1", "sft.copy_warmup_span"),
+        ("sft.copy_warmup_steps=-1", "sft.copy_warmup_steps"),
         ("grpo.max_steps=ten", "grpo.max_steps"),
         ("grpo.warmup_steps=5", "grpo.warmup_steps"),  # the constant scheduler would ignore it
         ("model.attn_implementation=eager", "model.attn_implementation"),

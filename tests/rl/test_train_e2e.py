@@ -32,7 +32,10 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    return train_run(tmp_path_factory.mktemp("e2e") / "thinking", "configs/tiny-thinking.yaml", *OVERRIDES)
+    return train_run(
+        tmp_path_factory.mktemp("e2e") / "thinking", "configs/tiny-thinking.yaml", *OVERRIDES,
+        "sft.copy_warmup_steps=3", "sft.copy_warmup_span=8",
+    )  # fmt: skip
 
 
 def train_run(run_dir, config: str, *overrides):
@@ -48,13 +51,16 @@ def train_run(run_dir, config: str, *overrides):
 
 def test_every_phase_ran_and_left_its_output(run_dir):
     state = json.loads((run_dir / "state.json").read_text())
-    assert state["completed"] == ["eval_init", "sft", "eval_sft", "grpo", "eval_grpo", "export", "report"]
+    assert state["completed"] == [
+        "eval_init", "copy_warmup", "sft", "eval_sft", "grpo", "eval_grpo", "export", "report"
+    ]  # fmt: skip
     assert sorted(p.name for p in (run_dir / "eval").glob("*.json")) == ["grpo.json", "init.json", "sft.json"]
-    assert (run_dir / "sft" / "model.safetensors").is_file() and (
-        run_dir / "final" / "model.safetensors"
-    ).is_file()
-    phases = {json.loads(line)["phase"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()}
-    assert phases == {"sft", "grpo"}
+    for phase in ("copy_warmup", "sft", "final"):
+        assert (run_dir / phase / "model.safetensors").is_file()
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {line["phase"] for line in lines} == {"copy_warmup", "sft", "grpo"}
+    copy_lines = [line for line in lines if line["phase"] == "copy_warmup"]
+    assert copy_lines[-1]["step"] == 3 and 0 <= copy_lines[-1]["copy_accuracy"] <= 1
     assert "test-key-5b1f" not in (run_dir / "config.yaml").read_text()
     assert list((run_dir / "wandb").glob("offline-run-*"))  # the live tracker ran, offline
     # with the mode-colored samples table the dashboards promise
