@@ -12,8 +12,8 @@ A run directory is plain files, append-only, readable while the run is still wri
     {"step": 12, "time": 1764478800.5, "phase": "grpo", "reward/total": 1.42, "mode_mix/global": 0.27, ...}
 
 - ``step`` (int), ``time`` (Unix seconds, float) and ``phase`` are always present. ``phase`` is
-  ``"copy_warmup"`` (``rl.copy_warmup``), ``"sft"``, ``"grpo"``, ``"eval"`` or ``"sample"`` (``rl.dashboard.sample_run``: scored gold and
-  perturbed traces, no training).
+  ``"copy_warmup"`` (``rl.copy_warmup``), ``"sft"``, ``"grpo"``, ``"eval"`` or ``"sample"``
+  (``rl.dashboard.sample_run``: scored gold and perturbed traces, no training).
 - Every other key is a flat metric name -> number (``null`` when undefined for that step). The
   names the report knows, all optional (``records.step_metrics`` computes the rollout ones):
   ``reward/total|accuracy|efficiency|compliance|coverage|kv_saving``;
