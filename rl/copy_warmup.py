@@ -20,7 +20,7 @@ The loop is Hugging Face's ``Trainer`` with the SFT phase's arguments (DDP/DeepS
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.utils.data import Dataset
@@ -47,6 +47,11 @@ class RepeatedSpans(Dataset):
 
     def __len__(self) -> int:
         return self.size
+
+    def held_out(self, size: int = 16) -> RepeatedSpans:
+        """``size`` rows none of these rows repeat: row ``i`` of seed ``s`` is drawn from ``s * 1000003 + i``,
+        so seed ``s + 1`` overlaps only from index 1000003 on."""
+        return replace(self, size=size, seed=self.seed + 1)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + i)

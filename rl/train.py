@@ -36,7 +36,6 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -416,9 +415,7 @@ class TrainRecipe:
             span=cfg.copy_warmup_span, callbacks=[RunDirLogger(self.writer, "copy_warmup")],
         )  # fmt: skip
         if self.ranks.is_main and not _partitioned(self.model):
-            # on spans it never trained on: another seed's rows (row i of seed s is drawn from s * 1000003 + i)
-            unseen = replace(trainer.train_dataset, size=16, seed=trainer.train_dataset.seed + 1)
-            accuracy = copy_accuracy(self.model, unseen)
+            accuracy = copy_accuracy(self.model, trainer.train_dataset.held_out())
             self.writer.log_metrics(cfg.copy_warmup_steps, "copy_warmup", {"copy_accuracy": accuracy})
             console.print(f"copy warm-up: greedy copy accuracy on unseen repeated spans {accuracy:.3f}")
         self._save_trained(trainer, "copy_warmup")

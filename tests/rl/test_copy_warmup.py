@@ -27,6 +27,10 @@ def test_rows_repeat_their_span_and_label_only_the_repeat():
 
     assert rows[2]["input_ids"].tolist() == row_2(3) != row_2(4)  # a function of (seed, index)
     assert rows[2]["input_ids"].tolist() != rows[3]["input_ids"].tolist()
+    unseen = rows.held_out(3)
+    assert len(unseen) == 3 and all(
+        unseen[i]["input_ids"].tolist() != rows[j]["input_ids"].tolist() for i in range(3) for j in range(5)
+    )
 
 
 def test_ordinary_token_ids_leave_out_chat_markers(tokenizer):
