@@ -1,6 +1,8 @@
-"""A two-node Ray cluster on this machine for the launch tests: a head (node A) and a second node (node B)
-started as separate `ray start --block` processes, each with its own CPUs and a custom resource that marks
-it, token authentication on (a token of the cluster's own), the dashboard and job server on loopback.
+"""A Ray cluster on this machine for the launch and pool tests: a head (node A) and, for two nodes, a
+second node (node B), started as separate `ray start --block` processes, each with its own CPUs, its own
+agent ports and a custom resource that marks it, token authentication on (a token of the cluster's own),
+the dashboard and job server on loopback. A node counts as up once the dashboard (which asks the GCS)
+lists it ALIVE, so a client connecting to ``gcs_address`` afterwards finds a GCS that answers.
 
 Everything lives in a temp dir of its own and in the two process groups; teardown kills those groups,
 never `ray stop` (which would stop every Ray instance on the machine, other tests' too).
@@ -28,7 +30,7 @@ TRAINER_RESOURCE, ROLLOUT_RESOURCE = "heed_node_a", "heed_node_b"
 
 
 @dataclass
-class TwoNodeCluster:
+class LocalCluster:
     address: str  # the job server, http://127.0.0.1:PORT
     env: dict[str, str]  # what a client needs: the token and RAY_AUTH_MODE
     temp_dir: Path
@@ -49,6 +51,20 @@ class TwoNodeCluster:
     def actors(self) -> list[dict]:
         return self.api("/api/v0/actors?detail=1&limit=1000")["data"]["result"]["result"]
 
+    @property
+    def gcs_address(self) -> str:
+        """What `ray start --head` wrote once its GCS was up: the address for ``ray.init(address=...)``."""
+        return (self.temp_dir / "ray_current_cluster").read_text().strip()
+
+    def logs(self, chars: int = 3000) -> str:
+        """The tail of each node's `ray start` output and of the GCS log: for a failure message."""
+        files = sorted(self.temp_dir.glob("*.log")) + sorted(
+            self.temp_dir.glob("session_latest/logs/gcs_server.*")
+        )
+        return "\n".join(
+            f"--- {f.name}\n{f.read_text(errors='replace')[-chars:]}" for f in files if f.is_file()
+        )
+
     def stop(self) -> None:
         from rl.launch import stop_process_group
 
@@ -60,9 +76,14 @@ class TwoNodeCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def start_two_node_cluster(
-    cpus_per_node: int = 2, timeout_s: float = 180.0, extra_env: dict[str, str] | None = None
-) -> TwoNodeCluster:
+def start_cluster(
+    num_nodes: int = 2,
+    cpus_per_node: int = 2,
+    timeout_s: float = 180.0,
+    extra_env: dict[str, str] | None = None,
+) -> LocalCluster:
+    if num_nodes not in (1, 2):
+        raise ValueError(f"num_nodes={num_nodes}: this helper starts a head and at most one more node")
     temp_dir = Path(tempfile.mkdtemp(prefix="heedmn", dir="/tmp"))  # short: socket paths have a limit
     token = secrets.token_hex(32)
     (temp_dir / "token").write_text(token)
@@ -95,12 +116,11 @@ def start_two_node_cluster(
         str(Path(bin_dir) / "ray"), "start", f"--address={node_ip()}:{gcs_port}",
         f"--resources={json.dumps({ROLLOUT_RESOURCE: cpus_per_node})}", *common(),
     ]  # fmt: skip
-    cluster = TwoNodeCluster(f"http://127.0.0.1:{dashboard_port}", env, temp_dir, token, [])
+    cluster = LocalCluster(f"http://127.0.0.1:{dashboard_port}", env, temp_dir, token, [])
     try:
         _start(cluster, "head", head, timeout_s, nodes=1)
-        for attempt in range(
-            3
-        ):  # a raylet has 30 s to register (hard-coded in Ray): on a busy machine, retry
+        # a raylet has 30 s to register (hard-coded in Ray): on a busy machine, retry
+        for attempt in range(3 if num_nodes == 2 else 0):
             try:
                 _start(cluster, "second", second, timeout_s, nodes=2)
                 break
@@ -113,7 +133,7 @@ def start_two_node_cluster(
     return cluster
 
 
-def _start(cluster: TwoNodeCluster, name: str, command: list[str], timeout_s: float, nodes: int) -> None:
+def _start(cluster: LocalCluster, name: str, command: list[str], timeout_s: float, nodes: int) -> None:
     with open(cluster.temp_dir / f"{name}.log", "w") as log:
         proc = subprocess.Popen(
             command, cwd=ROOT, env=cluster.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -123,14 +143,15 @@ def _start(cluster: TwoNodeCluster, name: str, command: list[str], timeout_s: fl
     while True:
         if proc.poll() is not None:
             cluster.processes.remove(proc)
-            raise RuntimeError(
-                f"ray {name} exited:\n{(cluster.temp_dir / f'{name}.log').read_text()[-3000:]}"
-            )
-        with contextlib.suppress(Exception):
-            if sum(n["state"] == "ALIVE" for n in cluster.nodes()) >= nodes:
+            raise RuntimeError(f"ray {name} exited:\n{cluster.logs()}")
+        with contextlib.suppress(Exception):  # the head writes its address last
+            written = (cluster.temp_dir / "ray_current_cluster").exists()
+            if written and sum(n["state"] == "ALIVE" for n in cluster.nodes()) >= nodes:
                 return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the Ray cluster did not reach {nodes} node(s) within {timeout_s:g}s")
+            raise TimeoutError(
+                f"the Ray cluster did not reach {nodes} node(s) within {timeout_s:g}s\n{cluster.logs()}"
+            )
         time.sleep(1.0)
 
 

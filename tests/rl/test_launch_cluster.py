@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rl.ray_cluster import ROLLOUT_RESOURCE, TRAINER_RESOURCE, node_ip, start_two_node_cluster
+from tests.rl.ray_cluster import ROLLOUT_RESOURCE, TRAINER_RESOURCE, node_ip, start_cluster
 from tests.rl.test_sft_deepspeed import ROOT
 
 pytestmark = pytest.mark.slow
@@ -87,7 +87,7 @@ def reference_job(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(reference_job):
-    cluster = start_two_node_cluster()
+    cluster = start_cluster()
     yield cluster
     cluster.stop()
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from rollouts.pool import PoolConfig, placement_problem
-from tests.rl.ray_cluster import start_two_node_cluster
+from tests.rl.ray_cluster import start_cluster
 from tests.rl.test_sft_deepspeed import ROOT
 
 TOLERANCE = 1e-4
@@ -91,7 +91,7 @@ def job(tmp_path_factory):
     pytest.importorskip("vllm")
     # Both nodes carry one heed_rollout (RAY_OVERRIDE_RESOURCES adds to --resources); the GCS declares a
     # node dead after ~3 missed 1 s health checks instead of the default ~15 s.
-    cluster = start_two_node_cluster(
+    cluster = start_cluster(
         extra_env={
             "RAY_OVERRIDE_RESOURCES": json.dumps({"heed_rollout": 1}),
             "RAY_health_check_period_ms": "1000",
@@ -100,7 +100,7 @@ def job(tmp_path_factory):
         }
     )
     try:
-        gcs = (cluster.temp_dir / "ray_current_cluster").read_text().strip()
+        gcs = cluster.gcs_address
         node_b_pgid = cluster.processes[1].pid  # `ray start` of node B leads its own process group
         out = subprocess.run(
             [sys.executable, "-m", "tests.rollouts.pool_placement_job", gcs, str(node_b_pgid),
