@@ -133,6 +133,21 @@ class RunConfig(Section):
 
     def _validate_selective(self):
         budgets = self.selective.budgets
+        split = self.selective.search_split
+        if self.selective.search_budgets:
+            check(
+                split != self.data.eval_split,
+                "selective.search_split",
+                f"is the eval split ({split!r}): the budgets would be tuned on what the evals measure; "
+                "search on another split (validation)",
+            )
+        if self.selective.search_budgets and self.data.build is not None:
+            check(
+                self.data.data_config().splits.get(split, 0) > 0,
+                "selective.search_split",
+                f"data.build.splits holds no {split!r} examples to search the budgets on: add some, or "
+                "name another split",
+            )
         if budgets is not None and self.model.path is None:
             layers = self.model.tiny.num_hidden_layers
             check(

@@ -572,6 +572,14 @@ class SelectiveSection(Section):
     # Per-layer KV budgets in tokens (one per layer): rollouts evict the most-masked token once a layer holds
     # its budget, and the trainer replays the same evictions; saved in the checkpoint. null: no eviction.
     budgets: list[int] | None = None
+    # Or find them: after SFT, the paper's greedy search (§4, rl/selective_budgets.py) lowers one layer's
+    # budget by search_step tokens at a time while the loss of search_examples gold traces of search_split
+    # stays within search_tolerance of the full-cache loss; the SFT evaluation, GRPO and the export use them.
+    search_budgets: bool = False
+    search_split: str = "validation"  # a split of the run's data, kept apart from the eval split
+    search_examples: int = 16
+    search_step: int = 32  # the paper's C is 8 on 512-2048-token contexts; 32 keeps the search short
+    search_tolerance: float = 0.0  # target loss: the full-cache loss x (1 + tolerance)
     memory_eps: float = 0.1  # weight of the memory loss L_mem (paper eq. 2: eps) in the SFT loss; 0: off
     memory_tau: float = 1.0  # L_mem's tau: how much accumulated mask counts as a token fully masked
     grpo_memory_eps: float = 0.1  # weight of L_mem added to the GRPO loss (logged as aux_loss); 0: off
@@ -590,6 +598,21 @@ class SelectiveSection(Section):
                     f"{self.key('budgets')}[{i}]",
                     f"must be >= {MIN_KV_BUDGET} (<BOS> and the arriving token), got {budget}",
                 )
+        if self.search_budgets:
+            check(
+                self.enabled,
+                self.key("search_budgets"),
+                "searches Selective Attention budgets: set selective.enabled: true, or search_budgets: false",
+            )
+            check(
+                self.budgets is None,
+                self.key("search_budgets"),
+                "give budgets or search for them, not both: set budgets: null, or search_budgets: false",
+            )
+        self.one_of("search_split", (*SPLITS, OOD_SPLIT))
+        self.at_least("search_examples", 1)
+        self.at_least("search_step", 1)
+        self.at_least("search_tolerance", 0)
         self.at_least("memory_eps", 0)
         self.at_least("memory_tau", 0, strict=True)
         self.at_least("grpo_memory_eps", 0)

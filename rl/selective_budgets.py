@@ -33,6 +33,7 @@ class BudgetSearch:
     loss: float  # their loss on the search split
     target: float
     evaluations: int  # how many times the loss was measured
+    context: int = 0  # the full length: every layer's budget before the search
     steps: list[tuple[tuple[int, ...], float]] = field(default_factory=list)  # every accepted (budgets, loss)
 
     @property
@@ -53,7 +54,7 @@ def greedy_budget_search(
         raise ValueError(f"step must be >= 1, got {step}")
     budgets = check_budgets(context, num_layers)
     current = loss(budgets)
-    result = BudgetSearch(budgets, current, target, evaluations=1)
+    result = BudgetSearch(budgets, current, target, evaluations=1, context=context)
     if current > target:
         return result  # even the full context misses the target: nothing to reduce
     while True:
@@ -98,6 +99,38 @@ def search_policy_budgets(
     return greedy_budget_search(loss, model.config.num_hidden_layers, context, full * (1 + tolerance), step)
 
 
+def search_split_budgets(
+    model,
+    tokenizer,
+    rows,
+    layout: dict,
+    batch_size: int = 4,
+    step: int = 32,
+    tolerance: float = 0.0,
+    label: str = "budget search",
+) -> BudgetSearch:
+    """:func:`search_policy_budgets` on the gold traces of data ``rows`` (laid out as ``layout`` says:
+    ``block_size``, ``thinking``, ``style``, ``instructions``), with a progress line. What `heed budgets`
+    and the ``budget_search`` phase of `heed train` both run."""
+    from rich.progress import Progress, TextColumn
+
+    from rl.sft import DACollator, encode_sft_row
+    from rollouts.selective_attention import SELECTIVE
+
+    rows = [encode_sft_row(row, tokenizer, **layout) for row in rows]
+    if not rows:
+        raise ValueError("the budget search got no examples")
+    collate = DACollator(tokenizer, SELECTIVE, padding_mask=True)
+    batches = [collate(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+    with Progress(TextColumn(f"[bold]{label}[/] {{task.description}}")) as bar:
+        task = bar.add_task("")
+
+        def show(budgets, loss):
+            bar.update(task, description=f"{list(budgets) if budgets else 'full cache'}: loss {loss:.4f}")
+
+        return search_policy_budgets(model, batches, step=step, tolerance=tolerance, progress=show)
+
+
 def search_export_budgets(
     export_dir,
     data_dir,
@@ -114,12 +147,10 @@ def search_export_budgets(
     import json
     from pathlib import Path
 
-    from rich.progress import Progress, TextColumn
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rl.evaluate import load_split
     from rl.export import HEED_JSON, read_heed_json
-    from rl.sft import DACollator, encode_sft_row
     from rollouts.eviction import save_budgets
     from rollouts.selective_attention import SELECTIVE
 
@@ -140,18 +171,10 @@ def search_export_budgets(
         "style": info.get("layout_style", "auto"),
         "instructions": info.get("instructions", True),
     }
-    rows = [encode_sft_row(row, tokenizer, **layout) for row in load_split(data_dir, split)[:examples]]
+    rows = load_split(data_dir, split)[:examples]
     if not rows:
         raise ValueError(f"{data_dir} split {split!r} holds no examples")
-    collate = DACollator(tokenizer, SELECTIVE, padding_mask=True)
-    batches = [collate(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
-    with Progress(TextColumn("[bold]budget search[/] {task.description}")) as bar:
-        task = bar.add_task("")
-
-        def show(budgets, loss):
-            bar.update(task, description=f"{list(budgets) if budgets else 'full cache'}: loss {loss:.4f}")
-
-        result = search_policy_budgets(model, batches, step=step, tolerance=tolerance, progress=show)
+    result = search_split_budgets(model, tokenizer, rows, layout, batch_size, step, tolerance)
     if write:
         save_budgets(model.config, result.budgets)
         model.config.to_json_file(export_dir / "config.json")

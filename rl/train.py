@@ -4,6 +4,7 @@
     eval       the starting model on held-out data: da / da-nm / vanilla        -> eval/init.json
     copy_warmup  (sft.copy_warmup_steps > 0) spans shown twice: the copying circuit -> copy_warmup/
     sft        warm start on gold DA traces, loss under the DA mask            -> sft/
+    budget_search  (selective.search_budgets) per-layer KV budgets, paper §4   -> budget_search/
     eval                                                                        -> eval/sft.json
     grpo       DA-masked GRPO (rl/grpo.py), checkpoints every N steps         -> checkpoints/, final/
     eval                                                                        -> eval/grpo.json
@@ -247,6 +248,7 @@ class TrainRecipe:
         for folder in (
             self.run_dir / "final",
             *reversed(checkpoints),
+            self.run_dir / "budget_search",
             self.run_dir / "sft",
             self.run_dir / "copy_warmup",
             self.run_dir / "init",
@@ -283,10 +285,12 @@ class TrainRecipe:
 
     def _set_budgets(self, model) -> None:
         """The run's Selective Attention KV budgets into the model config: saved with every checkpoint, read
-        by the rollout engines (which evict under them) and by the trainer (which replays the evictions)."""
+        by the rollout engines (which evict under them) and by the trainer (which replays the evictions).
+        With ``selective.search_budgets`` they are the search's (none before it has run)."""
         from rollouts.eviction import CONFIG_KEY, save_budgets
 
-        budgets = self.config.selective.budgets
+        selective = self.config.selective
+        budgets = self.state.get("budgets") if selective.search_budgets else selective.budgets
         if budgets is not None:
             save_budgets(model.config, budgets)
         elif hasattr(model.config, CONFIG_KEY):
@@ -347,8 +351,10 @@ class TrainRecipe:
                 if cfg.sft.copy_warmup_steps:
                     self._once("copy_warmup", self.copy_warmup, every_rank=True)
                 self._once("sft", self.sft, every_rank=True)
-                if cfg.eval.after_sft:
-                    self._once("eval_sft", lambda: self.evaluate("sft", step=0), every_rank=True)
+            if cfg.selective.search_budgets:  # before the SFT eval: SFT and GRPO are compared under them
+                self._once("budget_search", self.budget_search, every_rank=True)
+            if cfg.sft.enabled and cfg.eval.after_sft:
+                self._once("eval_sft", lambda: self.evaluate("sft", step=0), every_rank=True)
             if cfg.grpo.enabled:
                 self._once("grpo", self.grpo, every_rank=True)
                 grpo_eval = lambda: self.evaluate("grpo", step=cfg.grpo.max_steps)  # noqa: E731
@@ -434,6 +440,65 @@ class TrainRecipe:
             self.model, self.tokenizer, rows, sft_config, callbacks=[RunDirLogger(self.writer, "sft")]
         )
         self._save_trained(trainer, "sft")
+
+    def budget_search(self) -> None:
+        """Per-layer KV budgets for the policy as it is now (after SFT), by the paper's greedy search (§4)
+        on gold traces of ``selective.search_split``; rank 0 searches, every rank takes the budgets."""
+        self.state["budgets"] = self.ranks.share(self.ranks.on_main(self._search_budgets))
+        self._set_budgets(self.model)
+
+    def _search_budgets(self) -> list[int]:
+        """Rank 0: search, save the policy with its budgets to ``RUN_DIR/budget_search`` (where a resume
+        loads it from) and restart the rollout pool on it (engines evict under a checkpoint's budgets)."""
+        from rl.selective_budgets import search_split_budgets
+        from rollouts.eviction import save_budgets
+
+        cfg, selective = self.config, self.config.selective
+        if selective.search_split not in self.data:
+            raise ValueError(
+                f"selective.search_split: the run's data has no split {selective.search_split!r}; "
+                f"it has {', '.join(self.data)}"
+            )
+        rows = list(self.data[selective.search_split])[: selective.search_examples]
+        layout = {
+            "block_size": cfg.run.block_size,
+            "thinking": cfg.run.thinking,
+            "style": cfg.run.layout_style,
+            "instructions": cfg.run.instructions,
+        }
+        training = self.model.training
+        self.model.eval()
+        try:
+            result = search_split_budgets(
+                self.model, self.tokenizer, rows, layout, step=selective.search_step,
+                tolerance=selective.search_tolerance,
+            )  # fmt: skip
+        finally:
+            self.model.train(training)
+        budgets = list(result.budgets)
+        out = self.run_dir / "budget_search"
+        save_budgets(self.model.config, budgets)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        summary = {
+            "budgets": budgets,
+            "loss": result.loss,
+            "target": result.target,
+            "evaluations": result.evaluations,
+            "context": result.context,
+            "steps": [{"budgets": list(b), "loss": loss} for b, loss in result.steps],
+        }
+        (out / "search.json").write_text(json.dumps(summary, indent=2) + "\n")
+        metrics = {"loss": result.loss, "target": result.target, "mean_budget": result.mean_budget}
+        metrics |= {f"budget/layer_{i:02d}": b for i, b in enumerate(budgets)}
+        self.writer.log_metrics(0, "budget_search", metrics)
+        console.print(
+            f"budget search: {budgets} (mean {result.mean_budget:.1f}), gold-completion loss "
+            f"{result.loss:.4f} <= target {result.target:.4f}, {result.evaluations} evaluations"
+        )
+        self.pool.shutdown()
+        self.pool = self._start_pool(out)
+        return budgets
 
     def _save_trained(self, trainer, name: str) -> None:
         """Save a phase's model to ``RUN_DIR/name`` (what a resume starts from)."""

@@ -292,6 +292,29 @@ def test_random_step_overrides_round_trip(overrides):
             r"model\.attn_implementation",
         ),
         (["rollout.engine=sglang"], r"rollout\.engine: must be one of"),
+        (["selective.search_budgets=true"], r"selective\.search_budgets: searches Selective Attention"),
+        (
+            ["selective.enabled=true", "selective.budgets=[64, 64, 64, 64]", "selective.search_budgets=true"],
+            r"selective\.search_budgets: give budgets or search for them, not both",
+        ),
+        (
+            ["selective.enabled=true", "selective.search_budgets=true", "selective.search_split=test"],
+            r"selective\.search_split: is the eval split",
+        ),
+        (
+            [
+                "selective.enabled=true",
+                "selective.search_budgets=true",
+                "data.build.splits={train: 8, test: 2}",
+            ],
+            r"selective\.search_split: data\.build\.splits holds no 'validation' examples",
+        ),
+        (
+            ["selective.enabled=true", "selective.search_split=dev"],
+            r"selective\.search_split: must be one of",
+        ),
+        (["selective.enabled=true", "selective.search_step=0"], r"selective\.search_step: must be >= 1"),
+        (["selective.enabled=true", "selective.search_tolerance=-0.1"], r"selective\.search_tolerance"),
     ],
 )
 def test_selective_attention_settings_are_checked(overrides, message):
@@ -307,4 +330,8 @@ def test_selective_config_runs_its_rollouts_on_the_reference_engine():
     selective = load_run_config(REPO / "configs" / "tiny-selective.yaml")
     assert selective.selective.enabled and selective.rollout_engine == "reference"
     assert len(selective.selective.budgets) == selective.model.tiny.num_hidden_layers
+    searching = load_run_config(
+        REPO / "configs" / "tiny-selective.yaml", ["selective.budgets=null", "selective.search_budgets=true"]
+    )
+    assert searching.selective.search_split == "validation" != searching.data.eval_split
     assert load_run_config(None).rollout_engine == "vllm"

@@ -80,3 +80,49 @@ def test_heed_budgets_searches_the_exports_budgets_and_writes_them(run_dir, tmp_
     assert all(b >= 2 for b in found)
     loss, target = map(float, re.search(r"loss ([\d.]+) <= target ([\d.]+)", out.stdout).groups())
     assert loss <= target
+
+
+# -- budgets found by the run itself (selective.search_budgets) ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    return train_run(
+        tmp_path_factory.mktemp("e2e") / "searched", "configs/tiny-selective.yaml", *OVERRIDES,
+        "sft.max_steps=2", "grpo.max_steps=1", "eval.before_training=false", "eval.modes=[da]",
+        "data.build.splits={train: 16, validation: 2, test: 2}", "selective.budgets=null",
+        "selective.search_budgets=true", "selective.search_examples=2", "selective.search_step=300",
+    )  # fmt: skip
+
+
+def test_the_budget_search_runs_after_sft_and_its_budgets_reach_every_later_phase(searched):
+    state = json.loads((searched / "state.json").read_text())
+    assert state["completed"] == [
+        "sft", "budget_search", "eval_sft", "grpo", "eval_grpo", "export", "report"
+    ]  # fmt: skip
+    search = json.loads((searched / "budget_search" / "search.json").read_text())
+    found = search["budgets"]
+    assert state["budgets"] == found and len(found) == 4 and all(b >= 2 for b in found)
+    assert search["loss"] <= search["target"]
+    # each accepted step took 300 tokens from one layer (the last one down to 2), and some were accepted
+    context = search["context"]
+    assert 500 < context < 800  # prompts are ~550 tokens, plus the gold completion
+    assert all(b == 2 or (context - b) % 300 == 0 for b in found) and min(found) < context
+    (row,) = [r for r in metrics_rows(searched) if r["phase"] == "budget_search"]
+    assert row["mean_budget"] == sum(found) / 4 and row["budget/layer_02"] == found[2]
+    # the searched policy is a checkpoint of its own, carrying its budgets (a resume starts from it) ...
+    budget_dir = json.loads((searched / "budget_search" / "config.json").read_text())
+    assert budget_dir["selective_budgets"] == found
+    # ... the rollouts evicted under them and the trainer replayed the same evictions ...
+    (grpo,) = [r for r in metrics_rows(searched) if r["phase"] == "grpo" and "loss" in r]
+    assert grpo["sampling/sampling_logp_difference/max"] < 1e-4
+    steps = grpo["decode/steps"] * grpo["rollouts/count"]
+    per_layer = [grpo[f"kv/tokens_da/layer_{layer:02d}"] for layer in range(4)]
+    assert all(0 < read <= budget * steps for read, budget in zip(per_layer, found))
+    # ... and the export serves with them, while the run's config still says "search"
+    assert json.loads((searched / "export" / "heed.json").read_text())["selective_budgets"] == found
+    assert "search_budgets: true" in (searched / "config.yaml").read_text()
+
+
+def metrics_rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
