@@ -63,7 +63,9 @@ def _export(args: argparse.Namespace) -> int:
     from rl.export import ExportError, export_checkpoint, read_heed_json
 
     try:
-        out = export_checkpoint(args.run_dir, args.out, step=args.step, overwrite=args.overwrite)
+        out = export_checkpoint(
+            args.run_dir, args.out, step=args.step, overwrite=args.overwrite, phase=args.phase
+        )
     except ExportError as err:
         print(f"heed: error: {err}", file=sys.stderr)
         return 2
@@ -119,6 +121,9 @@ def _eval(args: argparse.Namespace) -> int:
             thinking=True if args.thinking else None,
             dtype=args.dtype,
             kv_cache_gib=args.kv_cache_gib,
+            temperature=args.temperature,
+            samples=args.samples,
+            seed=args.seed,
         )
     except (EvalError, ExportError) as err:
         print(f"heed: error: {err}", file=sys.stderr)
@@ -288,12 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--step", type=int, help="export checkpoints/checkpoint-N (default: final/, else newest, else sft/)"
     )
+    export.add_argument(
+        "--phase", help="export the policy a phase left: sft, budget_search, copy_warmup or final"
+    )
     export.add_argument("--out", required=True, help="output folder (must be empty or absent)")
     export.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
     export.set_defaults(func=_export)
 
     evaluate = commands.add_parser(
-        "eval", help="greedy eval of a checkpoint under da / da-nm / vanilla, by task and context length"
+        "eval", help="eval of a checkpoint under da / da-nm / vanilla, by task and context length"
     )
     evaluate.add_argument("checkpoint", help="model folder (a `heed export` output carries its DA settings)")
     evaluate.add_argument("--data", required=True, help="dataset folder from `heed data build`")
@@ -303,6 +311,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--modes", default="da,da-nm,vanilla", help="comma-separated rollout modes")
     evaluate.add_argument("--max-tokens", type=int, default=128, help="generated tokens per example")
+    evaluate.add_argument(
+        "--temperature", type=float, default=0.0, help="0 (default): greedy; above 0: sampled completions"
+    )
+    evaluate.add_argument(
+        "--samples", type=int, default=1, help="completions per example and mode (needs --temperature > 0)"
+    )
+    evaluate.add_argument(
+        "--seed", type=int, default=0, help="seed of the first sampled request (then +1 each)"
+    )
     evaluate.add_argument("--out", help="eval JSON to write (default: CHECKPOINT/eval.json)")
     evaluate.add_argument("--run-dir", help="also write RUN_DIR/eval/NAME.json for `heed dashboard`")
     evaluate.add_argument("--name", help="eval name under --run-dir (default: <checkpoint folder>-<split>)")

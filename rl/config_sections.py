@@ -532,6 +532,10 @@ class EvalSection(Section):
 
     modes: list[str] = field(default_factory=lambda: list(ROLLOUT_MODES))  # da, da-nm (no mask), vanilla
     max_tokens: int = 128  # generated tokens per evaluated completion
+    # 0: greedy (what the policy does at its most likely). Above 0 (e.g. grpo.temperature): `samples`
+    # completions per example and mode, seeded from run.seed: the distribution GRPO trains.
+    temperature: float = 0.0
+    samples: int = 1
     before_training: bool = True  # evaluate the untrained model first (the baseline)
     after_sft: bool = True  # evaluate between the warm start and GRPO
 
@@ -545,6 +549,13 @@ class EvalSection(Section):
             )
         check(len(set(self.modes)) == len(self.modes), self.key("modes"), "lists a mode twice")
         self.at_least("max_tokens", 1)
+        self.at_least("temperature", 0)
+        self.at_least("samples", 1)
+        check(
+            self.samples == 1 or self.temperature > 0,
+            self.key("samples"),
+            f"{self.samples} samples at temperature 0 are one greedy completion repeated: set eval.temperature",
+        )
 
 
 @dataclass

@@ -10,8 +10,12 @@ The columns (``rollouts.trajectory.ROLLOUT_MODES``):
   prompts carry no instructions (``instructions=False``, the tiny configs) ``vanilla`` has ``da-nm``'s
   prompt, and with greedy decoding writes what ``da-nm`` writes.
 
-Per example and mode: one greedy request (temperature 0) → a :class:`~rollouts.trajectory.Trajectory`
-→ :func:`rewards.score_trajectories`. Aggregated per (mode, task, context-length bin):
+Per example and mode: one greedy request (temperature 0), or ``samples`` requests at ``temperature`` with
+seeds ``seed, seed + 1, ...`` in request order (reproducible on one engine) → a
+:class:`~rollouts.trajectory.Trajectory` each → :func:`rewards.score_trajectories`. Greedy decoding shows
+what the policy does at its most likely; sampling at the rollout temperature shows the distribution GRPO
+trains (a policy whose greedy completions are all compliant can still sample non-compliant ones).
+Aggregated per (mode, task, context-length bin), over every completion (``n``: examples x samples):
 
 - ``accuracy``, ``compliance``: means of the reward components; ``coverage``: mean share of the evidence
   chunks the model focused on, over the examples that know their evidence (``None`` when none does);
@@ -23,8 +27,9 @@ Per example and mode: one greedy request (temperature 0) → a :class:`~rollouts
   by the mode they were predicted under (``records.predicted_modes``, the paper's Figure 5);
 - ``truncated`` / ``errors``: examples that hit ``max_tokens`` / that the engine failed.
 
-What it leaves out: sampling (greedy only), LLM-judge grading (the rewards' graders decide), and
-bytes or roofline time (tokens only; ``rewards.efficiency`` converts).
+What it leaves out: pass@k (sampled completions are averaged: their accuracy estimates pass@1),
+LLM-judge grading (the rewards' graders decide), and bytes or roofline time (tokens only;
+``rewards.efficiency`` converts).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class EvalRow:
     mode: str
     task: str
     length_bin: str
-    n: int  # examples
+    n: int  # completions: examples x samples
     accuracy: float  # mean graded accuracy
     compliance: float  # mean protocol compliance (0 or 1 each)
     coverage: float | None  # mean evidence coverage; None: no example knows its evidence
@@ -228,10 +233,15 @@ def build_requests(
     max_tokens: int = 128,
     layout_style: str = "auto",
     instructions: bool = True,
+    temperature: float = 0.0,
+    samples: int = 1,
+    seed: int = 0,
 ) -> list[RolloutRequest]:
-    """One greedy request per example and mode (example-major): ``da`` and ``da-nm`` on the example's DA
-    layout, ``vanilla`` on the same layout without the DA instructions."""
+    """``samples`` requests per example and mode (example-major, then mode): ``da`` and ``da-nm`` on the
+    example's DA layout, ``vanilla`` on the same layout without the DA instructions; greedy at temperature
+    0, else sampled with seeds ``seed + i`` (``i``: the request's index)."""
     modes = parse_modes(modes)
+    check_sampling(temperature, samples)
     if max_tokens < 1:
         raise EvalError(f"max_tokens must be at least 1, got {max_tokens}")
     requests = []
@@ -246,8 +256,26 @@ def build_requests(
                     instructions=with_instructions,
                 )  # fmt: skip
             layout = layouts[with_instructions]
-            requests.append(RolloutRequest(layout, mode, example=row, max_tokens=max_tokens, temperature=0.0))
+            for _ in range(samples):
+                requests.append(
+                    RolloutRequest(
+                        layout, mode, example=row, max_tokens=max_tokens, temperature=temperature,
+                        seed=(seed + len(requests)) % 2**31 if temperature > 0 else None,
+                    )
+                )  # fmt: skip
     return requests
+
+
+def check_sampling(temperature: float, samples: int) -> None:
+    """Greedy (temperature 0, one sample) or sampled (temperature > 0, any number of samples)."""
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise EvalError(f"temperature must be a finite number >= 0, got {temperature}")
+    if samples < 1:
+        raise EvalError(f"samples must be at least 1, got {samples}")
+    if samples > 1 and temperature == 0:
+        raise EvalError(
+            f"{samples} samples at temperature 0 are one greedy completion {samples} times: set a temperature"
+        )
 
 
 def run_requests(
@@ -281,8 +309,11 @@ def evaluate(
     reward_config: RewardConfig | None = None,
     layout_style: str = "auto",
     instructions: bool = True,
+    temperature: float = 0.0,
+    samples: int = 1,
+    seed: int = 0,
 ) -> EvalReport:
-    """Evaluate dataset rows under each mode with greedy decoding.
+    """Evaluate dataset rows under each mode: greedy, or ``samples`` completions at ``temperature``.
 
     ``generate`` is any engine's batch call: ``RolloutPool.generate``, ``VLLMEngine.generate`` or
     ``ReferenceEngine.generate`` (a list of requests in, one Trajectory each, in order, out).
@@ -290,7 +321,8 @@ def evaluate(
     modes = parse_modes(modes)
     requests = build_requests(
         examples, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens,
-        layout_style=layout_style, instructions=instructions,
+        layout_style=layout_style, instructions=instructions, temperature=temperature, samples=samples,
+        seed=seed,
     )  # fmt: skip
     return run_requests(requests, generate, modes=modes, reward_config=reward_config)
 
@@ -309,6 +341,9 @@ def eval_checkpoint(
     dtype: str | None = None,
     kv_cache_gib: float = 1.0,
     reward_config: RewardConfig | None = None,
+    temperature: float = 0.0,
+    samples: int = 1,
+    seed: int = 0,
 ) -> EvalReport:
     """``heed eval``: a Ray rollout pool on ``checkpoint``, the split's rows, one report.
 
@@ -322,6 +357,7 @@ def eval_checkpoint(
     if not (checkpoint / "config.json").is_file():
         raise EvalError(f"checkpoint {checkpoint} is not a model folder (no config.json)")
     modes = parse_modes(modes)
+    check_sampling(temperature, samples)
     if num_actors < 1:
         raise EvalError(f"--num-actors must be at least 1, got {num_actors}")
     info = read_heed_json(checkpoint)
@@ -349,7 +385,8 @@ def eval_checkpoint(
     try:
         requests = build_requests(
             rows, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens,
-            layout_style=layout_style, instructions=instructions,
+            layout_style=layout_style, instructions=instructions, temperature=temperature, samples=samples,
+            seed=seed,
         )  # fmt: skip
     except ValueError as err:  # a row that does not lay out (document longer than its chunk_tokens, ...)
         raise EvalError(str(err)) from None
@@ -365,6 +402,9 @@ def eval_checkpoint(
         "split": split,
         "limit": limit,
         "max_tokens": max_tokens,
+        "temperature": temperature,
+        "samples": samples,
+        "seed": seed,
         "block_size": block_size,
         "thinking": thinking,
         "source_step": (info or {}).get("source", {}).get("step"),

@@ -5,12 +5,14 @@ A run directory holds several policies (``rl/dashboard/run_dir.py`` has the file
     RUN_DIR/config.yaml                      run.block_size, run.thinking, selective.budgets (optional;
                                              a checkpoint's config.json selective_budgets come first)
     RUN_DIR/sft/                             after the SFT warm start
+    RUN_DIR/budget_search/                   the same policy with the KV budgets searched for it
     RUN_DIR/checkpoints/checkpoint-N/        Trainer checkpoints; complete once heed_complete.json exists
     RUN_DIR/final/                           when training ended
 
-Which one is exported: ``checkpoints/checkpoint-N`` when a step is asked for (it must be complete),
-else ``final/``, else the newest complete checkpoint, else ``sft/``. Incomplete checkpoints (a run
-killed while saving) are never picked.
+Which one is exported: ``checkpoints/checkpoint-N`` when a step is asked for (it must be complete), the
+folder of a phase when one is (``sft``: the warm start, to compare with the GRPO policy), else
+``final/``, else the newest complete checkpoint, else ``budget_search/``, else ``sft/``. Incomplete
+checkpoints (a run killed while saving) are never picked.
 
 What the export holds — a plain Hugging Face model folder, loadable with
 ``AutoModelForCausalLM.from_pretrained(out)`` / ``AutoTokenizer.from_pretrained(out)`` without remote code:
@@ -74,11 +76,24 @@ def complete_steps(run_dir: str | Path) -> list[int]:
     return sorted(steps)
 
 
-def select_source(run_dir: str | Path, step: int | None = None) -> tuple[Path, int | None]:
+PHASE_FOLDERS = ("final", "budget_search", "sft", "copy_warmup")  # phases that leave a policy folder
+
+
+def select_source(
+    run_dir: str | Path, step: int | None = None, phase: str | None = None
+) -> tuple[Path, int | None]:
     """The model folder to export and its training step (``None`` when the folder does not say)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ExportError(f"run directory {run_dir} does not exist")
+    if phase is not None:
+        if step is not None:
+            raise ExportError("give a checkpoint step or a phase, not both")
+        if phase not in PHASE_FOLDERS:
+            raise ExportError(f"phase must be one of {', '.join(PHASE_FOLDERS)}, got {phase!r}")
+        if not (run_dir / phase).is_dir():
+            raise ExportError(f"{run_dir} has no {phase}/: that phase did not run (or has not finished)")
+        return _require_model(run_dir / phase), _trainer_step(run_dir / phase)
     steps = complete_steps(run_dir)
     if step is not None:
         path = run_dir / "checkpoints" / f"checkpoint-{step}"
@@ -92,20 +107,25 @@ def select_source(run_dir: str | Path, step: int | None = None) -> tuple[Path, i
         return _require_model(final), _trainer_step(final)
     if steps:
         return _require_model(run_dir / "checkpoints" / f"checkpoint-{steps[-1]}"), steps[-1]
-    if (run_dir / "sft").is_dir():
-        return _require_model(run_dir / "sft"), _trainer_step(run_dir / "sft")
+    for name in ("budget_search", "sft"):
+        if (run_dir / name).is_dir():
+            return _require_model(run_dir / name), _trainer_step(run_dir / name)
     raise ExportError(
         f"{run_dir} holds no policy to export: looked for final/, a complete checkpoints/checkpoint-N/ "
-        f"(with {COMPLETE_MARKER}) and sft/"
+        f"(with {COMPLETE_MARKER}), budget_search/ and sft/"
     )
 
 
 def export_checkpoint(
-    run_dir: str | Path, out: str | Path, step: int | None = None, overwrite: bool = False
+    run_dir: str | Path,
+    out: str | Path,
+    step: int | None = None,
+    overwrite: bool = False,
+    phase: str | None = None,
 ) -> Path:
     """Export the run's policy (see the module docstring for which one) to ``out``; return ``out``."""
     run_dir, out = Path(run_dir), Path(out)
-    source, source_step = select_source(run_dir, step)
+    source, source_step = select_source(run_dir, step, phase)
     run = _run_settings(run_dir)
     # the budgets the engines evict under are the checkpoint's (heed train writes them into config.json)
     budgets = json.loads((source / "config.json").read_text()).get(CONFIG_KEY) or run["selective_budgets"]

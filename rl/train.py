@@ -657,6 +657,9 @@ class TrainRecipe:
                 instructions=cfg.run.instructions,
                 max_tokens=cfg.eval.max_tokens,
                 reward_config=cfg.rewards,
+                temperature=cfg.eval.temperature,
+                samples=cfg.eval.samples,
+                seed=cfg.run.seed,
             )
             self.writer.write_eval(name, step, report.results())
             self.state["eval"][name] = report.by_mode()

@@ -101,6 +101,8 @@ def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
         ("curriculum.task_mix.niah_multivalue=1", "curriculum.task_mix.niah_multivalue"),  # not built
         ("curriculum.task_mix={niah_single: 0}", "curriculum.task_mix"),
         ("eval.modes=[da, sideways]", "eval.modes[1]"),
+        ("eval.samples=4", "eval.samples"),  # greedy samples are one completion repeated
+        ("eval.temperature=-1", "eval.temperature"),
         ("rollout.engine_kwargs.block_size=16", "rollout.engine_kwargs.block_size"),
         ("rewards.mfu=2", "rewards.mfu"),
         ("model.tiny.head_dim=16", "model.tiny"),

@@ -213,6 +213,7 @@ def test_cli_errors_before_any_engine_starts(tmp_path, dataset_dir, capsys):
         (["eval", str(model), "--data", str(dataset_dir), "--split", "train"], "has no split 'train'"),
         (["eval", str(model), "--data", str(tmp_path / "nodata")], "does not exist"),
         (["eval", str(model), "--data", str(dataset_dir), "--modes", "da,full"], "comma-separated subset"),
+        (["eval", str(model), "--data", str(dataset_dir), "--samples", "4"], "set a temperature"),
         (
             ["eval", str(model), "--data", str(dataset_dir), "--run-dir", str(tmp_path / "r")],
             "does not exist",
@@ -272,3 +273,50 @@ def test_vanilla_prompt_drops_the_da_instructions(rows, tokenizer):
     assert rule not in prompts["vanilla"] and rows[0]["question"] in prompts["vanilla"]
     plain = build_requests(rows[:1], tokenizer, instructions=False)
     assert len({tokenizer.decode(r.layout.input_ids) for r in plain}) == 1  # no instructions: one prompt
+
+
+def test_sampled_eval_sends_seeded_samples_per_example_and_mode(rows, tokenizer):
+    requests = build_requests(rows[:2], tokenizer, modes="da,vanilla", temperature=0.7, samples=3, seed=5)
+    assert len(requests) == 2 * 2 * 3  # examples x modes x samples, example-major, then mode
+    assert [r.mode for r in requests[:6]] == ["da"] * 3 + ["vanilla"] * 3
+    assert [r.example["id"] for r in requests] == [rows[0]["id"]] * 6 + [rows[1]["id"]] * 6
+    assert [r.seed for r in requests] == list(range(5, 17)) and {r.temperature for r in requests} == {0.7}
+    greedy = build_requests(rows[:2], tokenizer, modes="da")
+    assert [(r.temperature, r.seed) for r in greedy] == [(0.0, None)] * 2
+    for temperature, samples in ((0.0, 2), (-1.0, 1), (1.0, 0), (float("nan"), 1)):
+        with pytest.raises(EvalError):
+            build_requests(rows[:1], tokenizer, temperature=temperature, samples=samples)
+
+
+def test_sampled_completions_are_pooled_per_mode(rows, tokenizer, token_table):
+    """Two samples per example: the even-seeded one is the gold trace, the odd-seeded one a wrong answer
+    without DA tags, so every cell is exactly half right and half compliant, over twice the examples."""
+
+    def generate(requests):
+        out = []
+        for r in requests:
+            ids = tokenizer(
+                r.example["gold_completion"] if r.seed % 2 == 0 else "<answer>no idea</answer>",
+                add_special_tokens=False,
+            )["input_ids"]
+            out.append(build_trajectory(r, ids, None, token_table, finish_reason="stop"))
+        return out
+
+    report = evaluate(rows, generate, tokenizer, modes="da", temperature=1.0, samples=2, max_tokens=512)
+    (summary,) = report.summaries
+    assert summary.n == 2 * len(rows)
+    assert summary.accuracy == 0.5 and summary.compliance == 0.5
+    assert all(row.n == 2 * sum(r["task"] == row.task for r in rows) for row in report.rows)
+
+
+def test_sampled_eval_on_an_engine_is_reproducible(rows, tokenizer):
+    """The reference engine at temperature 1: the same seed gives the same completions, samples differ."""
+    from rl.model import build_tiny_model
+    from rollouts.engines.reference import ReferenceEngine
+
+    engine = ReferenceEngine(build_tiny_model(tokenizer), tokenizer, num_threads=1)
+    kwargs = dict(modes="da", temperature=1.0, samples=2, max_tokens=6, seed=11)
+    first, again = (evaluate(rows[:2], engine.generate, tokenizer, **kwargs) for _ in range(2))
+    ids = [list(t.completion_ids) for t in first.trajectories]
+    assert ids == [list(t.completion_ids) for t in again.trajectories]
+    assert ids[0] != ids[1] and ids[2] != ids[3]  # an untrained model at temperature 1 rarely repeats itself

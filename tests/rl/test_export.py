@@ -90,6 +90,26 @@ def test_step_must_name_a_complete_checkpoint(tmp_path, policies):
     assert not (tmp_path / "b").exists()
 
 
+def test_a_phase_exports_its_own_folder(tmp_path, policies):
+    """``--phase sft`` exports the warm start of a finished run (to evaluate it beside the GRPO policy)."""
+    run = make_run(tmp_path / "run", policies, sft=1, checkpoints={2: (0, True)}, final=2)
+    assert (
+        read_heed_json(export_checkpoint(run, tmp_path / "a", phase="sft"))["source"]["checkpoint"] == "sft"
+    )
+    assert weights(tmp_path / "a") == weights(policies[1])
+    shutil.copytree(policies[0], run / "budget_search")
+    shutil.rmtree(run / "final")
+    shutil.rmtree(run / "checkpoints")  # before GRPO: the searched policy is the newest
+    assert read_heed_json(export_checkpoint(run, tmp_path / "b"))["source"]["checkpoint"] == "budget_search"
+    for kwargs, message in (
+        ({"phase": "final"}, r"has no final/"),
+        ({"phase": "grpo"}, r"phase must be one of final, budget_search, sft, copy_warmup"),
+        ({"phase": "sft", "step": 2}, r"a checkpoint step or a phase, not both"),
+    ):
+        with pytest.raises(ExportError, match=message):
+            export_checkpoint(run, tmp_path / "c", **kwargs)
+
+
 def test_a_run_without_any_policy_names_what_was_looked_for(tmp_path, policies):
     run = make_run(tmp_path / "run", policies, sft=None, checkpoints={3: (0, False)})
     with pytest.raises(ExportError, match=r"final/.*checkpoint-N.*heed_complete\.json.*sft/"):
