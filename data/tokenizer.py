@@ -5,6 +5,10 @@ knows tool calls and a thinking switch, like Qwen3's, without downloading one. T
 byte-level BPE (the same family as Qwen's and Llama 3's) on text made from the word list shipped in
 ``data/resources/words.txt`` plus the protocol's own tags, so tags tokenize into few tokens.
 Training is deterministic: the same arguments give the same vocabulary.
+
+Digits are split one per token before BPE, as Qwen's pre-tokenizer does. With merged digits a number
+tokenizes differently by what precedes it (" 519" as " 5" "19" inside a needle sentence, "519" as "51"
+"9" after ``<answer>``), so repeating a number is not a token copy; one digit per token makes it one.
 """
 
 from __future__ import annotations
@@ -106,7 +110,9 @@ def build_tokenizer(
     ``vocab_size`` counts the 256 byte symbols, merges and the added tokens.
     """
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(SPECIAL_TOKENS) - len(ADDED_TOKENS),

@@ -36,8 +36,8 @@ from rollouts.protocol import PromptLayout
 BS = 32
 # 96-token prompt: block 0 scaffold, block 1 = magic chunk 1, block 2 scaffold.
 LAYOUT = PromptLayout(tuple(range(300, 396)), BS, ((32, 64),))
-LOCAL = [27, 475, 29]  # "<local>" in the session tokenizer
-TEXT = [87, 367, 220, 89, 1177, 365]  # "x y z and the"
+LOCAL = [27, 466, 29]  # "<local>" in the session tokenizer (test_ids_are_the_session_tokenizers)
+TEXT = [87, 358, 220, 89, 1127, 356]  # "x y z and the"
 
 
 def vllm_config(**overrides):
@@ -105,6 +105,11 @@ def common_metadata(runner, seq_lens):
         max_seq_len=max(seq_lens), block_table_tensor=table[:n], slot_mapping=torch.arange(int(qsl[-1])),
         seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32),
     )  # fmt: skip
+
+
+def test_ids_are_the_session_tokenizers(tokenizer):
+    """The tests below count positions in these ids: a new tokenizer must give the same text and lengths."""
+    assert tokenizer(["<local>", "x y z and the"], add_special_tokens=False)["input_ids"] == [LOCAL, TEXT]
 
 
 @pytest.fixture
