@@ -6,9 +6,10 @@ byte-level BPE (the same family as Qwen's and Llama 3's) on text made from the w
 ``data/resources/words.txt`` plus the protocol's own tags, so tags tokenize into few tokens.
 Training is deterministic: the same arguments give the same vocabulary.
 
-Digits are split one per token before BPE, as Qwen's pre-tokenizer does. With merged digits a number
-tokenizes differently by what precedes it (" 519" as " 5" "19" inside a needle sentence, "519" as "51"
-"9" after ``<answer>``), so repeating a number is not a token copy; one digit per token makes it one.
+``split_digits`` splits digits one per token before BPE, as Qwen's pre-tokenizer does. With merged
+digits (the default, kept so that existing runs and datasets stay valid) a number tokenizes differently
+by what precedes it ("is: 131" ends " 1" "31", "<answer>131" ends "13" "1"; and " 79" is another token
+than "79"), so repeating a number is not a token copy; one digit per token makes it one.
 """
 
 from __future__ import annotations
@@ -103,15 +104,18 @@ def _corpus(seed: int, sentences: int) -> list[str]:
 
 
 def build_tokenizer(
-    vocab_size: int = 2048, seed: int = 0, sentences: int = 20_000
+    vocab_size: int = 2048, seed: int = 0, sentences: int = 20_000, split_digits: bool = False
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer and wrap it with the chat template.
 
     ``vocab_size`` counts the 256 byte symbols, merges and the added tokens.
     """
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits
+        else byte_level
     )
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

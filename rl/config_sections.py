@@ -252,6 +252,8 @@ class TokenizerSection(Section):
     SECTION: ClassVar[str] = "tokenizer"
 
     path: str | None = None  # HF tokenizer dir or hub id; None: the local BPE (data/tokenizer.py)
+    # the local BPE only: one digit per token, as Qwen's (a number is then the same tokens wherever it is)
+    split_digits: bool = False
 
 
 @dataclass

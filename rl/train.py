@@ -213,7 +213,7 @@ class TrainRecipe:
         tokenizer = (
             AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
             if path
-            else build_tokenizer()
+            else build_tokenizer(split_digits=cfg.tokenizer.split_digits)
         )
         tokenizer.save_pretrained(saved)
         return tokenizer

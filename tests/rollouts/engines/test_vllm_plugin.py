@@ -36,8 +36,8 @@ from rollouts.protocol import PromptLayout
 BS = 32
 # 96-token prompt: block 0 scaffold, block 1 = magic chunk 1, block 2 scaffold.
 LAYOUT = PromptLayout(tuple(range(300, 396)), BS, ((32, 64),))
-LOCAL = [27, 466, 29]  # "<local>" in the session tokenizer (test_ids_are_the_session_tokenizers)
-TEXT = [87, 358, 220, 89, 1127, 356]  # "x y z and the"
+LOCAL = [27, 475, 29]  # "<local>" in the session tokenizer (test_ids_are_the_session_tokenizers)
+TEXT = [87, 367, 220, 89, 1177, 365]  # "x y z and the"
 
 
 def vllm_config(**overrides):
