@@ -255,6 +255,13 @@ class TokenizerSection(Section):
     # the local BPE only: one digit per token, as Qwen's (a number is then the same tokens wherever it is)
     split_digits: bool = False
 
+    def validate(self):
+        check(
+            not (self.split_digits and self.path),
+            self.key("split_digits"),
+            "applies to the local BPE only; a tokenizer.path brings its own digit handling: drop one of them",
+        )
+
 
 @dataclass
 class DataSection(Section):

@@ -127,6 +127,12 @@ def test_bad_values_name_the_dotted_key(override, key):
         load_run_config(None, [override])
 
 
+def test_split_digits_is_for_the_local_tokenizer_only():
+    assert load_run_config(None, ["tokenizer.split_digits=true"]).tokenizer.split_digits
+    with pytest.raises(ValueError, match=r"tokenizer\.split_digits: applies to the local BPE only"):
+        load_run_config(None, ["tokenizer.split_digits=true", "tokenizer.path=some/dir"])
+
+
 def test_weight_sync_choices_are_the_pools():
     from rl.config_sections import WEIGHT_SYNC_MODES
     from rollouts.pool import WEIGHT_SYNC_MODES as POOL_MODES
