@@ -40,6 +40,17 @@ class BudgetSearch:
     def mean_budget(self) -> float:
         return sum(self.budgets) / len(self.budgets)
 
+    def as_dict(self) -> dict:
+        """Plain JSON: the budgets, their loss and target, and every accepted step."""
+        return {
+            "budgets": list(self.budgets),
+            "loss": self.loss,
+            "target": self.target,
+            "evaluations": self.evaluations,
+            "context": self.context,
+            "steps": [{"budgets": list(b), "loss": loss} for b, loss in self.steps],
+        }
+
 
 def greedy_budget_search(
     loss: Callable[[tuple[int, ...]], float],

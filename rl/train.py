@@ -480,15 +480,7 @@ class TrainRecipe:
         save_budgets(self.model.config, budgets)
         self.model.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
-        summary = {
-            "budgets": budgets,
-            "loss": result.loss,
-            "target": result.target,
-            "evaluations": result.evaluations,
-            "context": result.context,
-            "steps": [{"budgets": list(b), "loss": loss} for b, loss in result.steps],
-        }
-        (out / "search.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (out / "search.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
         metrics = {"loss": result.loss, "target": result.target, "mean_budget": result.mean_budget}
         metrics |= {f"budget/layer_{i:02d}": b for i, b in enumerate(budgets)}
         self.writer.log_metrics(0, "budget_search", metrics)
