@@ -42,13 +42,17 @@ forward records L_mem's peak memory, replays KV eviction under budgets, and repo
 Memory, per layer: ``S``, ``F`` and the bias are ``[b, q, kv]`` each (float32 for ``S``/``F``; ``S`` is
 kept for the backward); SDPA's CPU math path materialises the logits and probabilities ``[b, h, q, kv]``
 as eager attention does, while on GPUs the memory-efficient SDPA kernel takes the bias without the
-``[b, h, q, kv]`` logits. A fused kernel that carries ``F`` as per-key column sums (never ``n x n``) is
-the next step for long contexts. Replayed eviction adds a ``[b, n, n]`` bool keep mask per layer.
+``[b, h, q, kv]`` logits. Replayed eviction adds a ``[b, n, n]`` bool keep mask per layer. With
+``HEED_SELECTIVE_KERNEL=triton`` a prefill on CUDA runs :mod:`rollouts.selective_kernel` instead, which never
+materialises ``F`` (per-key column sums per query block); its backward recomputes one layer densely at a
+time (:class:`FusedSelectiveAttention`). Forwards that need ``F`` itself (L_mem, replayed budgets,
+attention reports) and decoding steps stay on the dense path.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,6 +68,12 @@ from .selective import MaskAccumulator, causal_visibility, effective_memory
 SELECTIVE = "heed_selective"  # the Selective Attention implementation's registered name
 STANDARD = "heed_standard"  # plain softmax attention that can report to an AttentionState (baselines)
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # their attention modules call the registry uniformly
+KERNELS = ("dense", "triton")
+# Which Selective Attention forward a prefill runs: "dense" (S, F and SDPA with -F as a bias) or "triton"
+# (rollouts/selective_kernel.py: F never materialised; CUDA only, verified in Triton's interpreter on CPU).
+KERNEL = os.environ.get("HEED_SELECTIVE_KERNEL", "dense")
+if KERNEL not in KERNELS:
+    raise ValueError(f"HEED_SELECTIVE_KERNEL must be one of {', '.join(KERNELS)}, got {KERNEL!r}")
 
 
 @dataclass
@@ -119,7 +129,7 @@ def _selective_mask(module, query, key, visible, scaling, state: AttentionState 
     """``F`` ``[b, q, kv]`` of this layer from head 0, and ``visible`` narrowed by replayed eviction."""
     q_len, kv_len = query.shape[2], key.shape[2]
     layer = module.layer_idx
-    head0 = torch.matmul(query[:, 0].float(), key[:, 0].float().transpose(-1, -2)) * scaling  # [b, q, kv]
+    head0 = _head0_logits(query, key, scaling)  # [b, q, kv]
     if q_len == kv_len:  # nothing cached before these queries: the sequence starts here
         accumulator = MaskAccumulator()
         if state is not None:
@@ -175,28 +185,112 @@ def _arrive(state: AttentionState, layer: int, mask: torch.Tensor) -> torch.Tens
     return state.held[layer]
 
 
+def _head0_logits(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``[b, q, kv]`` float32: head 0's raw logits, the selection logits of every layer."""
+    return torch.matmul(query[:, 0].float(), key[:, 0].float().transpose(-1, -2)) * scaling
+
+
+def _additive_mask(visible, bias, dtype) -> torch.Tensor:
+    """``[b, 1, q, kv]``: ``bias`` where visible, the dtype's minimum elsewhere."""
+    return torch.where(visible, bias, torch.finfo(dtype).min).to(dtype)[:, None]
+
+
+def _repeat_kv(query, key, value) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value ``[b, h, kv, d]``: query head i reads KV head i // groups (GQA)."""
+    groups = query.shape[1] // key.shape[1]
+    return key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+
+
+def _softmax_attention(query, key, value, visible, bias, scaling, dropout) -> torch.Tensor:
+    """SDPA of ``logits + bias`` over the ``visible`` keys; ``[b, h, q, d]``."""
+    key, value = _repeat_kv(query, key, value)
+    mask = _additive_mask(visible, bias, query.dtype)
+    return F_nn.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
+
+
+def _dense_selective(query, key, value, visible, scaling) -> torch.Tensor:
+    """The dense Selective Attention of one prefill, ``[b, h, n, d]``: what the fused kernel computes."""
+    mask = MaskAccumulator().step(_head0_logits(query, key, scaling), visible)
+    return _softmax_attention(query, key, value, visible, -mask, scaling, 0.0)
+
+
+class FusedSelectiveAttention(torch.autograd.Function):
+    """The Triton forward of :mod:`rollouts.selective_kernel` with a backward that recomputes the layer
+    densely (:func:`_dense_selective`): the forward keeps no ``[b, n, n]`` for the backward, and the
+    backward's ``S``, ``F`` and logits live for one layer at a time.
+
+    ``apply(query, key, value, visible, scaling) -> (out [b, n, h, d], total [b, n])``; ``visible``
+    ``[b, n, n]`` bool (causal included) or None (causal).
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, visible, scaling):
+        from .selective_kernel import fused_selective_attention
+
+        out, total = fused_selective_attention(query, key, value, visible, scaling)
+        ctx.save_for_backward(query, key, value, visible)
+        ctx.scaling = scaling
+        ctx.mark_non_differentiable(total)
+        return out, total
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_total):
+        query, key, value, visible = ctx.saved_tensors
+        n = query.shape[2]
+        if visible is None:
+            visible = causal_visibility(n, n, query.device)[None]
+        inputs = [t.detach().requires_grad_(t.requires_grad) for t in (query, key, value)]
+        with torch.enable_grad():
+            out = _dense_selective(*inputs, visible, ctx.scaling).transpose(1, 2)  # [b, n, h, d]
+            wanted = [t for t in inputs if t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, grad_out))
+        return *(next(grads) if t.requires_grad else None for t in inputs), None, None
+
+
+def _use_kernel(query, bias, dropout, state: AttentionState | None) -> bool:
+    """Whether this prefill runs on the fused kernel (``HEED_SELECTIVE_KERNEL=triton``, see :data:`KERNEL`).
+
+    Only a forward over a fresh sequence on CUDA (or Triton's interpreter) without a float-valued mask
+    bias, dropout, L_mem recording, replayed budgets or attention reporting: those need ``F`` itself.
+    """
+    if KERNEL != "triton" or dropout or not isinstance(bias, float):
+        return False
+    from . import selective_kernel
+
+    if not selective_kernel.runs_on(query):
+        return False
+    return state is None or (state.tau is None and state.budgets is None and not state.record_attention)
+
+
 def _attention(module, query, key, value, attention_mask, scaling, dropout, heed_state, selective):
     q_len, kv_len = query.shape[2], key.shape[2]
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     state = heed_state if heed_state is not None else getattr(module, "heed_state", None)
     visible, bias = _visible_and_bias(attention_mask, q_len, kv_len, query.device)  # [b|1, q, kv]
+    if selective and q_len == kv_len and _use_kernel(query, bias, dropout, state):
+        out, total = FusedSelectiveAttention.apply(
+            query, key, value, None if attention_mask is None else visible, scaling
+        )
+        if state is not None:  # decoding continues from the prefill's running sums
+            state.accumulators[module.layer_idx] = MaskAccumulator()
+            state.accumulators[module.layer_idx].total = total
+            state.kv_reads[module.layer_idx] = visible.sum(-1).expand(query.shape[0], q_len)
+        return out, None
     if selective:
         mask, visible = _selective_mask(module, query, key, visible, scaling, state)
         bias = bias - mask
-    bias = torch.where(visible, bias, torch.finfo(query.dtype).min).to(query.dtype)[:, None]  # [b, 1, q, kv]
-    groups = query.shape[1] // key.shape[1]
-    key = key.repeat_interleave(groups, dim=1)  # [b, h, kv, d]: query head i reads KV head i // groups
-    value = value.repeat_interleave(groups, dim=1)
     if state is not None:
         state.kv_reads[module.layer_idx] = visible.sum(-1).expand(query.shape[0], q_len)
     if state is not None and state.record_attention:
-        probs = (torch.matmul(query, key.transpose(-1, -2)) * scaling + bias).softmax(-1)  # [b, h, q, kv]
+        key, value = _repeat_kv(query, key, value)
+        logits = torch.matmul(query, key.transpose(-1, -2)) * scaling
+        probs = (logits + _additive_mask(visible, bias, query.dtype)).softmax(-1)  # [b, h, q, kv]
         state.attention[module.layer_idx] = probs.float().mean(1)
         out = torch.matmul(F_nn.dropout(probs, dropout), value)
     else:
-        out = F_nn.scaled_dot_product_attention(
-            query, key, value, attn_mask=bias, dropout_p=dropout, scale=scaling
-        )
+        out = _softmax_attention(query, key, value, visible, bias, scaling, dropout)
     return out.transpose(1, 2).contiguous(), None
 
 

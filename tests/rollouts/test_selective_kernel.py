@@ -1,0 +1,35 @@
+"""The fused Triton Selective Attention forward: its cases (selective_kernel_cases.py) in a process with
+Triton's interpreter on, and the kernel switch."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(args, **env):
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env}
+    )
+
+
+def test_kernel_cases_in_the_interpreter():
+    cases = Path(__file__).with_name("selective_kernel_cases.py")
+    result = _run(
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=*_cases.py", str(cases)],
+        TRITON_INTERPRET="1",
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout
+
+
+def test_unknown_kernel_is_an_error():
+    result = _run(["-c", "import rollouts.selective_attention"], HEED_SELECTIVE_KERNEL="cuda-graphs")
+    assert result.returncode != 0
+    assert "HEED_SELECTIVE_KERNEL must be one of dense, triton" in result.stderr
