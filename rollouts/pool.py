@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -230,6 +231,26 @@ class _Shard:
     attempts: int = 0  # failed tries so far (every request in the shard shares them)
 
 
+def check_reachable(ray_address: str | None, timeout_s: float = 10.0) -> None:
+    """Raise ``ConnectionError`` if ``ray_address`` names a ``host:port`` nobody answers on.
+
+    ``ray.init(address=...)`` retries an unreachable GCS forever; one TCP connect fails fast instead.
+    ``None``, ``"auto"`` and ``ray://`` client addresses are left to Ray.
+    """
+    if not ray_address or ray_address == "auto" or "://" in ray_address:
+        return
+    host, sep, port = ray_address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"ray_address must be host:port, 'auto' or ray://host:port, got {ray_address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConnectionError(
+            f"no Ray cluster answers at {ray_address} ({err}): start its head (`ray start --head`) or fix "
+            "rollout.ray_address (null starts a local Ray)"
+        ) from err
+
+
 class RolloutPool:
     """N vLLM engines behind one ``generate``; see the module docstring for the guarantees."""
 
@@ -241,6 +262,7 @@ class RolloutPool:
 
         self.config = config
         if not ray.is_initialized():
+            check_reachable(config.ray_address)
             ray.init(address=config.ray_address, include_dashboard=False, ignore_reinit_error=True)
         self._actor_cls = ray.remote(
             num_cpus=config.num_cpus_per_actor, num_gpus=config.num_gpus_per_actor, max_restarts=0

@@ -108,3 +108,22 @@ def test_actor_dead_between_steps_is_replaced_by_the_next_update(ray_pool, acme,
     assert len({t.extra["actor_pid"] for t in out}) == 2  # both actors, the replacement included
     (want,) = ReferenceEngine(newer, tokenizer, num_threads=1).generate(gold_requests(acme, 1))
     assert_logprobs(out, want)
+
+
+def test_unreachable_ray_address_fails_fast():
+    # ray.init(address=...) would retry an address nobody listens on forever; the pool refuses it at once.
+    import socket
+
+    from rollouts.pool import check_reachable
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens on it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
+        check_reachable(f"127.0.0.1:{port}", timeout_s=5)
+    assert time.monotonic() - started < 5
+    with pytest.raises(ValueError, match="host:port"):
+        check_reachable("head-node")
+    for address in (None, "auto", "ray://head:10001"):
+        check_reachable(address)  # left to Ray
