@@ -178,7 +178,10 @@ def _load_config_or_resume(args: argparse.Namespace, overrides: list[str]):
     config_file = Path(args.resume) / "config.yaml"
     if not config_file.is_file():
         raise FileNotFoundError(f"{args.resume} holds no run to resume (no config.yaml)")
-    return load_run_config(config_file, overrides)
+    config = load_run_config(config_file, overrides)
+    # the folder resumed is the run, wherever it was first written: a copied or moved run continues in place
+    config.run.output_dir = str(args.resume)
+    return config
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -192,13 +195,6 @@ def _launch(args: argparse.Namespace) -> int:
         config = _load_config_or_resume(args, list(args.overrides))
     except (ConfigError, FileNotFoundError) as err:
         print(f"heed: error: {err}", file=sys.stderr)
-        return 2
-    if args.resume and Path(config.run.output_dir).resolve() != Path(args.resume).resolve():
-        print(
-            f"heed: error: {args.resume}/config.yaml names run.output_dir {config.run.output_dir}; "
-            "resume the run directory it names",
-            file=sys.stderr,
-        )
         return 2
     try:
         return submit(

@@ -124,5 +124,44 @@ def test_the_budget_search_runs_after_sft_and_its_budgets_reach_every_later_phas
     assert "search_budgets: true" in (searched / "config.yaml").read_text()
 
 
+def test_a_resume_after_the_search_keeps_its_budgets(searched, tmp_path):
+    """Interrupted after the search (its phase done, GRPO not started): the resumed run skips the search,
+    loads the searched policy and trains, rolls out and exports under the budgets state.json kept."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(searched, run_dir)
+    state = json.loads((run_dir / "state.json").read_text())
+    state["completed"] = ["sft", "budget_search", "eval_sft"]
+    for phase in ("grpo", "eval_grpo", "export", "report"):
+        state["wall_s"].pop(phase, None)
+    (run_dir / "state.json").write_text(json.dumps(state))
+    for later in ("final", "checkpoints", "export"):
+        shutil.rmtree(run_dir / later, ignore_errors=True)
+    search = (run_dir / "budget_search" / "search.json").read_text()
+    grpo_rows = len([r for r in metrics_rows(run_dir) if r["phase"] == "grpo"])
+
+    out = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "train", "--resume", str(run_dir)],
+        cwd=ROOT, env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "offline"},
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "budget_search: done earlier, skipped" in out.stdout
+    resumed = json.loads((run_dir / "state.json").read_text())
+    found = state["budgets"]
+    assert resumed["budgets"] == found
+    assert resumed["completed"][-4:] == ["grpo", "eval_grpo", "export", "report"]
+    assert resumed["wall_s"]["budget_search"] == state["wall_s"]["budget_search"]  # not searched again
+    assert (run_dir / "budget_search" / "search.json").read_text() == search
+    rows = [r for r in metrics_rows(run_dir) if r["phase"] == "grpo"]
+    (grpo,) = [r for r in rows[grpo_rows:] if "loss" in r]  # the resumed run's one step
+    assert grpo["sampling/sampling_logp_difference/max"] < 1e-4  # the trainer replayed the same evictions
+    steps = grpo["decode/steps"] * grpo["rollouts/count"]
+    assert all(grpo[f"kv/tokens_da/layer_{layer:02d}"] <= b * steps for layer, b in enumerate(found))
+    assert json.loads((run_dir / "final" / "config.json").read_text())["selective_budgets"] == found
+    assert json.loads((run_dir / "export" / "heed.json").read_text())["selective_budgets"] == found
+
+
 def metrics_rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
