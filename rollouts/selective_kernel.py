@@ -26,8 +26,9 @@ flash attention, and pass 1 once more for head 0 (``(2h + 1) / h`` in all).
 This is the forward only. :class:`rollouts.selective_attention.FusedSelectiveAttention` gives it a backward
 that recomputes the layer densely (a transient ``[b, n, n]`` for one layer at a time, instead of ``S`` kept
 for every layer); a fused backward is the next step. It runs on CUDA, and on CPU only in Triton's
-interpreter (``TRITON_INTERPRET=1`` before this module is imported), which is how the tests check it
-against the dense path.
+interpreter (``TRITON_INTERPRET=1`` before Triton is first imported), which is how the tests check it
+against the dense path -- in fp32 only: the interpreter's ``tl.dot`` on bf16 tiles is wrong, so bf16 is
+first checked on a GPU (``bench/selective_kernel.py`` prints the max difference to the dense path).
 """
 
 from __future__ import annotations
