@@ -45,8 +45,8 @@ as eager attention does, while on GPUs the memory-efficient SDPA kernel takes th
 ``[b, h, q, kv]`` logits. Replayed eviction adds a ``[b, n, n]`` bool keep mask per layer. With
 ``HEED_SELECTIVE_KERNEL=triton`` a prefill on CUDA runs :mod:`rollouts.selective_kernel` instead, which never
 materialises ``F`` (per-key column sums per query block); its backward recomputes one layer densely at a
-time (:class:`FusedSelectiveAttention`). Forwards that need ``F`` itself (L_mem, replayed budgets,
-attention reports) and decoding steps stay on the dense path.
+time (:class:`FusedSelectiveAttention`); L_mem's effective memory comes out of the kernel too. Forwards that
+need ``F`` itself (replayed budgets, attention reports) and decoding steps stay on the dense path.
 """
 
 from __future__ import annotations
@@ -210,10 +210,12 @@ def _softmax_attention(query, key, value, visible, bias, scaling, dropout) -> to
     )
 
 
-def _dense_selective(query, key, value, visible, scaling) -> torch.Tensor:
-    """The dense Selective Attention of one prefill, ``[b, h, n, d]``: what the fused kernel computes."""
+def _dense_selective(query, key, value, visible, scaling, tau) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The dense Selective Attention of one prefill: ``(out [b, h, n, d], M [b, n] or None)``, what the
+    fused kernel computes (``M``, L_mem's effective memory, with ``tau``)."""
     mask = MaskAccumulator().step(_head0_logits(query, key, scaling), visible)
-    return _softmax_attention(query, key, value, visible, -mask, scaling, 0.0)
+    out = _softmax_attention(query, key, value, visible, -mask, scaling, 0.0)
+    return out, None if tau is None else effective_memory(mask, visible, tau)
 
 
 class FusedSelectiveAttention(torch.autograd.Function):
@@ -221,39 +223,44 @@ class FusedSelectiveAttention(torch.autograd.Function):
     densely (:func:`_dense_selective`): the forward keeps no ``[b, n, n]`` for the backward, and the
     backward's ``S``, ``F`` and logits live for one layer at a time.
 
-    ``apply(query, key, value, visible, scaling) -> (out [b, n, h, d], total [b, n])``; ``visible``
-    ``[b, n, n]`` bool (causal included) or None (causal).
+    ``apply(query, key, value, visible, scaling, tau) -> (out [b, n, h, d], total [b, n], memory)``;
+    ``visible`` ``[b, n, n]`` bool (causal included) or None (causal); ``memory`` ``[b, n]`` is L_mem's
+    effective memory when ``tau`` is set (differentiable), else None.
     """
 
     @staticmethod
-    def forward(ctx, query, key, value, visible, scaling):
+    def forward(ctx, query, key, value, visible, scaling, tau):
         from .selective_kernel import fused_selective_attention
 
-        out, total = fused_selective_attention(query, key, value, visible, scaling)
+        out, total, memory = fused_selective_attention(query, key, value, visible, scaling, tau)
         ctx.save_for_backward(query, key, value, visible)
-        ctx.scaling = scaling
+        ctx.scaling, ctx.tau = scaling, tau
         ctx.mark_non_differentiable(total)
-        return out, total
+        return out, total, memory
 
     @staticmethod
-    def backward(ctx, grad_out, grad_total):
+    def backward(ctx, grad_out, grad_total, grad_memory):
         query, key, value, visible = ctx.saved_tensors
         n = query.shape[2]
         if visible is None:
             visible = causal_visibility(n, n, query.device)[None]
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in (query, key, value)]
         with torch.enable_grad():
-            out = _dense_selective(*inputs, visible, ctx.scaling).transpose(1, 2)  # [b, n, h, d]
+            out, memory = _dense_selective(*inputs, visible, ctx.scaling, ctx.tau)
+            outputs, grads_in = [out.transpose(1, 2)], [grad_out]  # [b, n, h, d]
+            if memory is not None and grad_memory is not None:
+                outputs.append(memory)
+                grads_in.append(grad_memory)
             wanted = [t for t in inputs if t.requires_grad]
-            grads = iter(torch.autograd.grad(out, wanted, grad_out))
-        return *(next(grads) if t.requires_grad else None for t in inputs), None, None
+            grads = iter(torch.autograd.grad(outputs, wanted, grads_in, allow_unused=True))
+        return *(next(grads) if t.requires_grad else None for t in inputs), None, None, None
 
 
 def _use_kernel(query, bias, dropout, state: AttentionState | None) -> bool:
     """Whether this prefill runs on the fused kernel (``HEED_SELECTIVE_KERNEL=triton``, see :data:`KERNEL`).
 
     Only a forward over a fresh sequence on CUDA (or Triton's interpreter) without a float-valued mask
-    bias, dropout, L_mem recording, replayed budgets or attention reporting: those need ``F`` itself.
+    bias, dropout, replayed budgets or attention reporting: those need ``F`` itself.
     """
     if KERNEL != "triton" or dropout or not isinstance(bias, float):
         return False
@@ -261,7 +268,7 @@ def _use_kernel(query, bias, dropout, state: AttentionState | None) -> bool:
 
     if not selective_kernel.runs_on(query):
         return False
-    return state is None or (state.tau is None and state.budgets is None and not state.record_attention)
+    return state is None or (state.budgets is None and not state.record_attention)
 
 
 def _attention(module, query, key, value, attention_mask, scaling, dropout, heed_state, selective):
@@ -270,13 +277,16 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, heed
     state = heed_state if heed_state is not None else getattr(module, "heed_state", None)
     visible, bias = _visible_and_bias(attention_mask, q_len, kv_len, query.device)  # [b|1, q, kv]
     if selective and q_len == kv_len and _use_kernel(query, bias, dropout, state):
-        out, total = FusedSelectiveAttention.apply(
-            query, key, value, None if attention_mask is None else visible, scaling
+        tau = state.tau if state is not None else None
+        out, total, memory = FusedSelectiveAttention.apply(
+            query, key, value, None if attention_mask is None else visible, scaling, tau
         )
         if state is not None:  # decoding continues from the prefill's running sums
             state.accumulators[module.layer_idx] = MaskAccumulator()
             state.accumulators[module.layer_idx].total = total
             state.kv_reads[module.layer_idx] = visible.sum(-1).expand(query.shape[0], q_len)
+            if tau is not None:
+                state.peak_memory[module.layer_idx] = memory.amax(-1)
         return out, None
     if selective:
         mask, visible = _selective_mask(module, query, key, visible, scaling, state)

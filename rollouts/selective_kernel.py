@@ -106,13 +106,14 @@ if triton is not None:
 
     @triton.jit
     def _attention_kernel(
-        Q, K, V, VIS, BOS, C, OUT, scale,
+        Q, K, V, VIS, BOS, C, OUT, MEM, scale, tau,
         q_b, q_h, q_n, k_b, k_h, k_n, v_b, v_h, v_n, vis_b, vis_q, c_b, c_i, o_b, o_n, o_h,
         N, D, H, GROUPS,
-        HAS_MASK: tl.constexpr, IEEE: tl.constexpr,
+        HAS_MASK: tl.constexpr, HAS_TAU: tl.constexpr, IEEE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
-        """Pass 2, one program per (query block, batch row x head): online softmax of ``logits - F``."""
+        """Pass 2, one program per (query block, batch row x head): online softmax of ``logits - F``; head 0's
+        programs also write L_mem's effective memory ``M`` per query (``HAS_TAU``)."""
         block = tl.program_id(0)
         b = tl.program_id(1) // H
         h = tl.program_id(1) % H
@@ -128,6 +129,7 @@ if triton is not None:
         top = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # running row max
         total = tl.zeros([BLOCK_M], dtype=tl.float32)  # running softmax denominator
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        memory = tl.zeros([BLOCK_M], dtype=tl.float32)  # M: keys seen minus keys masked (min(F, tau) / tau)
         for start in range(0, (block + 1) * BLOCK_M, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             kv_mask = (cols[:, None] < N) & (dims[None, :] < D)
@@ -142,6 +144,8 @@ if triton is not None:
             prior = tl.load(C + b * c_b + block * c_i + cols, mask=cols < N, other=0.0)
             # F of this tile: the earlier blocks' column sums plus this block's earlier rows
             f = prior[None, :] + tl.cumsum(s, 0) - s
+            if HAS_TAU:
+                memory += tl.sum(tl.where(vis, 1.0 - tl.minimum(f, tau) / tau, 0.0), 1)
             if IEEE:
                 logits = tl.dot(qh, tl.trans(kh), input_precision="ieee") * scale - f
             else:
@@ -157,6 +161,8 @@ if triton is not None:
                 acc = acc * rescale[:, None] + tl.dot(p.to(vh.dtype), vh)
             top = new_top
         out = acc / tl.where(total > 0, total, 1.0)[:, None]  # a row that sees no key (padding) gives 0
+        if HAS_TAU and h == 0:
+            tl.store(MEM + b * N + rows, memory, mask=rows < N)
         tl.store(
             OUT + b * o_b + rows[:, None] * o_n + h * o_h + dims[None, :],
             out.to(OUT.dtype.element_ty),
@@ -170,13 +176,15 @@ def fused_selective_attention(
     value: torch.Tensor,  # [b, kv_heads, n, d]
     visible: torch.Tensor | None,  # [b, n, n] bool (causal already applied or not), or None: causal only
     scaling: float,
+    tau: float | None = None,
     block_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out [b, n, h, d], total [b, n])``: Selective Attention over one unpadded-or-masked prefill.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(out [b, n, h, d], total [b, n], memory [b, n] or None)``: Selective Attention over one prefill.
 
     ``total[b, k]`` is ``sum_i S[i, k]`` over every query, the running sum a decoding loop continues from
-    (:class:`rollouts.selective.MaskAccumulator`'s ``total``). Queries and keys are the same ``n``
-    positions (a forward without a KV cache). A query row that sees no key returns zeros.
+    (:class:`rollouts.selective.MaskAccumulator`'s ``total``). With ``tau``, ``memory`` is L_mem's
+    effective memory per query, :func:`rollouts.selective.effective_memory` of ``F``. Queries and keys
+    are the same ``n`` positions (a forward without a KV cache). A query row that sees no key returns zeros.
     """
     if triton is None:
         raise RuntimeError("the fused Selective Attention kernel needs Triton (pip install triton)")
@@ -200,6 +208,8 @@ def fused_selective_attention(
         mask_arg, vis_strides = bos, (0, 0)  # never read
     bos = bos.to(torch.int32).contiguous()
     ieee = query.dtype == torch.float32  # fp32 in, fp32 products (no TF32), as the dense path computes head 0
+    if tau is not None and tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
     common = dict(
         HAS_MASK=has_mask, IEEE=ieee, BLOCK_M=block, BLOCK_N=block, BLOCK_D=triton.next_power_of_2(d)
     )
@@ -214,10 +224,12 @@ def fused_selective_attention(
     prior = _shifted_cumsum(sums).contiguous()  # C: [b, nI, n], F at the first row of each block
 
     out = torch.empty(b, n, h, d, dtype=query.dtype, device=query.device)
+    memory = torch.empty(b, n, dtype=torch.float32, device=query.device) if tau is not None else None
     _attention_kernel[(blocks, b * h)](
-        query, key, value, mask_arg, bos, prior, out, scaling,
+        query, key, value, mask_arg, bos, prior, out, out if memory is None else memory, scaling,
+        1.0 if tau is None else float(tau),
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *vis_strides,
         prior.stride(0), prior.stride(1), out.stride(0), out.stride(1), out.stride(2),
-        n, d, h, h // kv_heads, **common,
+        n, d, h, h // kv_heads, HAS_TAU=tau is not None, **common,
     )  # fmt: skip
-    return out, sums.sum(1)
+    return out, sums.sum(1), memory
