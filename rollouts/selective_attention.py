@@ -112,12 +112,17 @@ class AttentionState:
     kv_reads: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+def _mask_view(attention_mask: torch.Tensor, kv: int) -> torch.Tensor:
+    """``[b|1, q, kv]``: an HF attention mask (``[b, 1, q, kv]`` or ``[b, q, kv]``) without its head axis."""
+    return attention_mask[:, 0, :, :kv] if attention_mask.ndim == 4 else attention_mask[..., :kv]
+
+
 def _visible_and_bias(attention_mask: torch.Tensor | None, q: int, kv: int, device) -> tuple:
     """``visible`` ``[b|1, q, kv]`` bool and the additive part of a float mask (or 0), from an HF mask."""
     causal = causal_visibility(q, kv, device)[None]
     if attention_mask is None:
         return causal, 0.0
-    mask = attention_mask[:, 0, :, :kv] if attention_mask.ndim == 4 else attention_mask[..., :kv]
+    mask = _mask_view(attention_mask, kv)
     if mask.dtype == torch.bool:
         return causal & mask, 0.0
     # An additive float mask: 0 (or a bias) where allowed, a large negative number where not.
@@ -223,27 +228,29 @@ class FusedSelectiveAttention(torch.autograd.Function):
     densely (:func:`_dense_selective`): the forward keeps no ``[b, n, n]`` for the backward, and the
     backward's ``S``, ``F`` and logits live for one layer at a time.
 
-    ``apply(query, key, value, visible, scaling, tau) -> (out [b, n, h, d], total [b, n], memory)``;
-    ``visible`` ``[b, n, n]`` bool (causal included) or None (causal); ``memory`` ``[b, n]`` is L_mem's
-    effective memory when ``tau`` is set (differentiable), else None.
+    ``apply(query, key, value, mask, scaling, tau) -> (out [b, n, h, d], total [b, n], memory)``;
+    ``mask`` ``[b, n, n]`` bool (the model's attention mask; causality is added) or None (causal);
+    ``memory`` ``[b, n]`` is L_mem's effective memory when ``tau`` is set (differentiable), else None.
+    The backward keeps ``mask`` itself, the one tensor every layer shares, not a per-layer copy.
     """
 
     @staticmethod
-    def forward(ctx, query, key, value, visible, scaling, tau):
+    def forward(ctx, query, key, value, mask, scaling, tau):
         from .selective_kernel import fused_selective_attention
 
-        out, total, memory = fused_selective_attention(query, key, value, visible, scaling, tau)
-        ctx.save_for_backward(query, key, value, visible)
+        out, total, memory = fused_selective_attention(query, key, value, mask, scaling, tau)
+        ctx.save_for_backward(query, key, value, mask)
         ctx.scaling, ctx.tau = scaling, tau
         ctx.mark_non_differentiable(total)
         return out, total, memory
 
     @staticmethod
     def backward(ctx, grad_out, grad_total, grad_memory):
-        query, key, value, visible = ctx.saved_tensors
+        query, key, value, mask = ctx.saved_tensors
         n = query.shape[2]
-        if visible is None:
-            visible = causal_visibility(n, n, query.device)[None]
+        visible = causal_visibility(n, n, query.device)[None]
+        if mask is not None:
+            visible = visible & mask
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in (query, key, value)]
         with torch.enable_grad():
             out, memory = _dense_selective(*inputs, visible, ctx.scaling, ctx.tau)
@@ -278,9 +285,8 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, heed
     visible, bias = _visible_and_bias(attention_mask, q_len, kv_len, query.device)  # [b|1, q, kv]
     if selective and q_len == kv_len and _use_kernel(query, bias, dropout, state):
         tau = state.tau if state is not None else None
-        out, total, memory = FusedSelectiveAttention.apply(
-            query, key, value, None if attention_mask is None else visible, scaling, tau
-        )
+        mask = None if attention_mask is None else _mask_view(attention_mask, kv_len)  # no copy per layer
+        out, total, memory = FusedSelectiveAttention.apply(query, key, value, mask, scaling, tau)
         if state is not None:  # decoding continues from the prefill's running sums
             state.accumulators[module.layer_idx] = MaskAccumulator()
             state.accumulators[module.layer_idx].total = total

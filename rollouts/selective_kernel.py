@@ -174,7 +174,7 @@ def fused_selective_attention(
     query: torch.Tensor,  # [b, h, n, d]
     key: torch.Tensor,  # [b, kv_heads, n, d]
     value: torch.Tensor,  # [b, kv_heads, n, d]
-    visible: torch.Tensor | None,  # [b, n, n] bool (causal already applied or not), or None: causal only
+    visible: torch.Tensor | None,  # [b|1, n, n] bool attention mask (causality is added), or None: causal
     scaling: float,
     tau: float | None = None,
     block_size: int = 64,
