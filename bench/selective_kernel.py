@@ -1,17 +1,18 @@
-"""Selective Attention prefill on a GPU: the fused Triton forward against the dense path, side by side.
+"""Selective Attention on a GPU: the fused Triton kernels against the dense path, side by side.
 
-Three forwards of one attention layer over the same random ``q, k, v`` (bf16, causal, ``b`` rows of ``n``
+Three versions of one attention layer over the same random ``q, k, v`` (bf16, causal, ``b`` rows of ``n``
 tokens, ``h`` query heads over ``h_kv`` KV heads of ``d``), timed with CUDA events after warm-up, each with its
-peak CUDA memory above the inputs:
+peak CUDA memory above the inputs, as a forward (prefill) and as forward + backward (training):
 
 - ``sdpa``: plain causal SDPA (flash attention), no Selective Attention -- the floor;
 - ``dense``: Selective Attention as the model runs it by default (``HEED_SELECTIVE_KERNEL=dense``): head 0's
   ``S`` and ``F`` as ``[b, n, n]`` float32 and SDPA with ``-F`` as an additive bias;
-- ``fused``: :func:`rollouts.selective_kernel.fused_selective_attention` (``HEED_SELECTIVE_KERNEL=triton``).
+- ``fused``: :mod:`rollouts.selective_kernel` (``HEED_SELECTIVE_KERNEL=triton``).
 
-It first checks that ``fused`` and ``dense`` agree (max |diff| printed), then prints a table with the
-ratios ``dense / fused`` (time) and the memory of each. Needs CUDA; on a machine without it, it says so and
-exits (the kernel's correctness is tested on CPU in Triton's interpreter: tests/rollouts/test_selective_kernel.py).
+It first checks that ``fused`` and ``dense`` agree (max |diff| of the output and of ``dq``), then prints
+milliseconds and MiB per version and the ratio ``dense / fused``. Needs CUDA; on a machine without it, it
+says so and exits (the kernels' correctness is tested on CPU in Triton's interpreter:
+tests/rollouts/test_selective_kernel.py).
 
 Run::
 
@@ -46,19 +47,30 @@ def _timed(fn, repeats: int) -> tuple[float, int]:
     return start.elapsed_time(end) / repeats, torch.cuda.max_memory_allocated() - base
 
 
-def _forwards(query, key, value, scale: float) -> dict:
-    """The three forwards over one input, as callables returning ``[b, n, h, d]`` or ``[b, h, n, d]``."""
+def _versions(query, key, value, scale: float) -> dict:
+    """The three versions over one input, as callables returning ``[b, n, h, d]``."""
     import rollouts.selective_attention as sa
-    from rollouts.selective_kernel import fused_selective_attention
 
     sa.KERNEL = "dense"
     return {
         "sdpa": lambda: F_nn.scaled_dot_product_attention(
             query, key, value, is_causal=True, scale=scale, enable_gqa=True
-        ),
+        ).transpose(1, 2),
         "dense": lambda: sa.selective_attention_forward(_Layer(), query, key, value, None, scale)[0],
-        "fused": lambda: fused_selective_attention(query, key, value, None, scale)[0],
+        "fused": lambda: sa.FusedSelectiveAttention.apply(query, key, value, None, scale, None)[0],
     }
+
+
+def _training(fn, inputs, grad):
+    """Forward + backward of ``fn``; returns ``dq``."""
+
+    def step():
+        for t in inputs:
+            t.grad = None
+        fn().backward(grad)
+        return inputs[0].grad
+
+    return step
 
 
 def main() -> None:
@@ -71,28 +83,38 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("no CUDA device: the fused Selective Attention kernel runs on CUDA only (nothing measured)")
+        print("no CUDA device: the fused Selective Attention kernels run on CUDA only (nothing measured)")
         return
 
     b, h, kv_heads, d = args.batch, args.heads, args.kv_heads, args.head_dim
     print(f"{torch.cuda.get_device_name()}, bf16, batch {b}, {h} query / {kv_heads} KV heads of {d}")
-    print(f"{'n':>6} {'max|diff|':>10} {'sdpa ms':>8} {'dense ms':>9} {'fused ms':>9} {'dense/fused':>11} "
-          f"{'sdpa MiB':>9} {'dense MiB':>10} {'fused MiB':>10}")  # fmt: skip
+    print(f"{'n':>6} {'pass':>8} {'max|diff|':>10} {'sdpa ms':>8} {'dense ms':>9} {'fused ms':>9} "
+          f"{'dense/fused':>11} {'sdpa MiB':>9} {'dense MiB':>10} {'fused MiB':>10}")  # fmt: skip
     for n in args.lengths:
         torch.manual_seed(0)
-        query = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
-        key, value = (torch.randn(b, kv_heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        forwards = _forwards(query, key, value, d**-0.5)
-        try:
-            diff = (forwards["fused"]().float() - forwards["dense"]().float()).abs().max().item()
-            row = {name: _timed(fn, args.repeats) for name, fn in forwards.items()}
-        except torch.OutOfMemoryError:
-            print(f"{n:>6} out of memory (dense path: [b, n, n] float32 S and F, [b, h, n, n] bias)")
-            torch.cuda.empty_cache()
-            continue
-        (t_sdpa, m_sdpa), (t_dense, m_dense), (t_fused, m_fused) = row["sdpa"], row["dense"], row["fused"]
-        print(f"{n:>6} {diff:>10.2e} {t_sdpa:>8.2f} {t_dense:>9.2f} {t_fused:>9.2f} {t_dense / t_fused:>11.2f} "
-              f"{m_sdpa / 2**20:>9.0f} {m_dense / 2**20:>10.0f} {m_fused / 2**20:>10.0f}")  # fmt: skip
+        query = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        key, value = (
+            torch.randn(b, kv_heads, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2)
+        )
+        versions = _versions(query, key, value, d**-0.5)
+        grad = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
+        passes = {
+            "forward": {name: (lambda fn=fn: fn().detach()) for name, fn in versions.items()},
+            "fwd+bwd": {name: _training(fn, (query, key, value), grad) for name, fn in versions.items()},
+        }
+        for name, fns in passes.items():
+            try:
+                diff = (fns["fused"]().float() - fns["dense"]().float()).abs().max().item()
+                row = {version: _timed(fn, args.repeats) for version, fn in fns.items()}
+            except torch.OutOfMemoryError:
+                print(f"{n:>6} {name:>8} out of memory (dense: [b, n, n] float32 S and F, [b, h, n, n] bias)")
+                torch.cuda.empty_cache()
+                continue
+            (t_sdpa, m_sdpa), (t_dense, m_dense), (t_fused, m_fused) = row["sdpa"], row["dense"], row["fused"]
+            print(f"{n:>6} {name:>8} {diff:>10.2e} {t_sdpa:>8.2f} {t_dense:>9.2f} {t_fused:>9.2f} "
+                  f"{t_dense / t_fused:>11.2f} {m_sdpa / 2**20:>9.0f} {m_dense / 2**20:>10.0f} "
+                  f"{m_fused / 2**20:>10.0f}")  # fmt: skip
 
 
 if __name__ == "__main__":

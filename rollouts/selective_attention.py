@@ -44,8 +44,8 @@ kept for the backward); SDPA's CPU math path materialises the logits and probabi
 as eager attention does, while on GPUs the memory-efficient SDPA kernel takes the bias without the
 ``[b, h, q, kv]`` logits. Replayed eviction adds a ``[b, n, n]`` bool keep mask per layer. With
 ``HEED_SELECTIVE_KERNEL=triton`` a prefill on CUDA runs :mod:`rollouts.selective_kernel` instead, which never
-materialises ``F`` (per-key column sums per query block); its backward recomputes one layer densely at a
-time (:class:`FusedSelectiveAttention`); L_mem's effective memory comes out of the kernel too. Forwards that
+materialises ``F`` (per-key column sums per query block), forward and backward
+(:class:`FusedSelectiveAttention`); L_mem's effective memory comes out of the kernel too. Forwards that
 need ``F`` itself (replayed budgets, attention reports) and decoding steps stay on the dense path.
 """
 
@@ -215,52 +215,35 @@ def _softmax_attention(query, key, value, visible, bias, scaling, dropout) -> to
     )
 
 
-def _dense_selective(query, key, value, visible, scaling, tau) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The dense Selective Attention of one prefill: ``(out [b, h, n, d], M [b, n] or None)``, what the
-    fused kernel computes (``M``, L_mem's effective memory, with ``tau``)."""
-    mask = MaskAccumulator().step(_head0_logits(query, key, scaling), visible)
-    out = _softmax_attention(query, key, value, visible, -mask, scaling, 0.0)
-    return out, None if tau is None else effective_memory(mask, visible, tau)
-
-
 class FusedSelectiveAttention(torch.autograd.Function):
-    """The Triton forward of :mod:`rollouts.selective_kernel` with a backward that recomputes the layer
-    densely (:func:`_dense_selective`): the forward keeps no ``[b, n, n]`` for the backward, and the
-    backward's ``S``, ``F`` and logits live for one layer at a time.
+    """The fused Triton forward and backward of :mod:`rollouts.selective_kernel` as one autograd op.
 
     ``apply(query, key, value, mask, scaling, tau) -> (out [b, n, h, d], total [b, n], memory)``;
     ``mask`` ``[b, n, n]`` bool (the model's attention mask; causality is added) or None (causal);
     ``memory`` ``[b, n]`` is L_mem's effective memory when ``tau`` is set (differentiable), else None.
-    The backward keeps ``mask`` itself, the one tensor every layer shares, not a per-layer copy.
+    Kept for the backward: the inputs, the output and a ``[b, h, n]`` log-sum-exp -- no ``[b, n, n]``
+    (``mask`` is the one tensor every layer shares).
     """
 
     @staticmethod
     def forward(ctx, query, key, value, mask, scaling, tau):
-        from .selective_kernel import fused_selective_attention
+        from .selective_kernel import selective_forward
 
-        out, total, memory = fused_selective_attention(query, key, value, mask, scaling, tau)
-        ctx.save_for_backward(query, key, value, mask)
+        out, total, memory, lse = selective_forward(query, key, value, mask, scaling, tau)
+        ctx.save_for_backward(query, key, value, mask, out, lse)
         ctx.scaling, ctx.tau = scaling, tau
         ctx.mark_non_differentiable(total)
         return out, total, memory
 
     @staticmethod
     def backward(ctx, grad_out, grad_total, grad_memory):
-        query, key, value, mask = ctx.saved_tensors
-        n = query.shape[2]
-        visible = causal_visibility(n, n, query.device)[None]
-        if mask is not None:
-            visible = visible & mask
-        inputs = [t.detach().requires_grad_(t.requires_grad) for t in (query, key, value)]
-        with torch.enable_grad():
-            out, memory = _dense_selective(*inputs, visible, ctx.scaling, ctx.tau)
-            outputs, grads_in = [out.transpose(1, 2)], [grad_out]  # [b, n, h, d]
-            if memory is not None and grad_memory is not None:
-                outputs.append(memory)
-                grads_in.append(grad_memory)
-            wanted = [t for t in inputs if t.requires_grad]
-            grads = iter(torch.autograd.grad(outputs, wanted, grads_in, allow_unused=True))
-        return *(next(grads) if t.requires_grad else None for t in inputs), None, None, None
+        from .selective_kernel import selective_backward
+
+        query, key, value, mask, out, lse = ctx.saved_tensors
+        grads = selective_backward(
+            query, key, value, mask, out, lse, grad_out, grad_memory, ctx.scaling, ctx.tau
+        )
+        return *grads, None, None, None
 
 
 def _use_kernel(query, bias, dropout, state: AttentionState | None) -> bool:
