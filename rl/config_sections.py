@@ -24,6 +24,7 @@ from data.config import OOD_SPLIT, SPLITS, parse_config
 from data.schema import DataError
 from data.tasks import TASKS
 from rl.model import TinyModelConfig
+from rollouts.selective import KERNELS
 from rollouts.trajectory import ROLLOUT_MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # a source checkout or an editable install
@@ -603,6 +604,9 @@ class SelectiveSection(Section):
     memory_eps: float = 0.1  # weight of the memory loss L_mem (paper eq. 2: eps) in the SFT loss; 0: off
     memory_tau: float = 1.0  # L_mem's tau: how much accumulated mask counts as a token fully masked
     grpo_memory_eps: float = 0.1  # weight of L_mem added to the GRPO loss (logged as aux_loss); 0: off
+    # The attention kernel of prefills and training forwards: dense (any device) or triton (fused: F is never
+    # materialised; CUDA only, see README "Fused kernels"). Forwards that replay budgets always run dense.
+    kernel: str = "dense"
 
     def validate(self):
         check(
@@ -636,6 +640,7 @@ class SelectiveSection(Section):
         self.at_least("memory_eps", 0)
         self.at_least("memory_tau", 0, strict=True)
         self.at_least("grpo_memory_eps", 0)
+        self.one_of("kernel", KERNELS)
 
 
 @dataclass

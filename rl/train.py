@@ -132,6 +132,8 @@ class TrainRecipe:
         self.state = self.ranks.share(self.ranks.on_main(self._open_run_dir))
         torch.manual_seed(cfg.run.seed)
         self.writer = RunWriter(self.run_dir)
+        if cfg.selective.enabled:
+            self._select_kernel()
         with self._phase_timer("setup"):
             # rank 0 builds what the run directory lacks (tokenizer, data, starting model); then the
             # other ranks load the very same files
@@ -142,6 +144,19 @@ class TrainRecipe:
         self.examples = {str(r["id"]): r for r in self.data[cfg.data.train_split]}
         held_out = list(self.data[cfg.data.eval_split])
         self.eval_rows = held_out[: cfg.data.eval_examples] if cfg.data.eval_examples else held_out
+
+    def _select_kernel(self) -> None:
+        """``selective.kernel`` for this process's Selective Attention forwards (the rollout actors get it
+        through their environment, see ``_pool``)."""
+        import rollouts.selective_attention as sa
+
+        kernel = self.config.selective.kernel
+        if kernel == "triton" and not torch.cuda.is_available():
+            raise ValueError(
+                "selective.kernel: triton runs on CUDA only and this machine has no CUDA device; "
+                "set selective.kernel: dense"
+            )
+        sa.KERNEL = kernel
 
     def _inputs(self) -> Path:
         """Tokenizer, data and model of the run (built into the run directory when missing); returns the
@@ -308,6 +323,8 @@ class TrainRecipe:
             **cfg.engine_kwargs,
         }
         env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **cfg.env}
+        if self.config.selective.enabled:
+            env["HEED_SELECTIVE_KERNEL"] = self.config.selective.kernel
         engine = {"vllm": "vLLM", "reference": "reference-engine"}[self.config.rollout_engine]
         console.print(f"[bold]rollout pool[/] {cfg.num_actors} {engine} actor(s) on {model_dir}")
         return RolloutPool(

@@ -54,6 +54,9 @@ import torch.nn.functional as F_nn
 
 DEFAULT_EPS = 0.1  # paper: "without further tuning"
 DEFAULT_TAU = 1.0
+# How a Selective Attention prefill (and its backward) runs: "dense" (S and F as [b, n, n], SDPA with -F as a
+# bias; any device) or "triton" (rollouts/selective_kernel.py, F never materialised; CUDA)
+KERNELS = ("dense", "triton")
 
 
 def causal_visibility(q: int, kv: int, device: torch.device | str | None = None) -> torch.Tensor:

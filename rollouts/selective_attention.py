@@ -63,14 +63,13 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .eviction import evict_index, selective_keep_mask
-from .selective import MaskAccumulator, causal_visibility, effective_memory
+from .selective import KERNELS, MaskAccumulator, causal_visibility, effective_memory
 
 SELECTIVE = "heed_selective"  # the Selective Attention implementation's registered name
 STANDARD = "heed_standard"  # plain softmax attention that can report to an AttentionState (baselines)
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # their attention modules call the registry uniformly
-KERNELS = ("dense", "triton")
-# Which Selective Attention forward a prefill runs: "dense" (S, F and SDPA with -F as a bias) or "triton"
-# (rollouts/selective_kernel.py: F never materialised; CUDA only, verified in Triton's interpreter on CPU).
+# Which Selective Attention kernel a prefill runs (rollouts.selective.KERNELS): "dense", or "triton" (CUDA
+# only; verified in Triton's interpreter on CPU). `heed train` sets it from selective.kernel.
 KERNEL = os.environ.get("HEED_SELECTIVE_KERNEL", "dense")
 if KERNEL not in KERNELS:
     raise ValueError(f"HEED_SELECTIVE_KERNEL must be one of {', '.join(KERNELS)}, got {KERNEL!r}")

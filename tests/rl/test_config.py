@@ -4,6 +4,7 @@ overrides parse as YAML, configs round-trip, and secrets never reach a saved fil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
@@ -323,11 +324,30 @@ def test_random_step_overrides_round_trip(overrides):
         ),
         (["selective.enabled=true", "selective.search_step=0"], r"selective\.search_step: must be >= 1"),
         (["selective.enabled=true", "selective.search_tolerance=-0.1"], r"selective\.search_tolerance"),
+        (
+            ["selective.enabled=true", "selective.kernel=flash"],
+            r"selective\.kernel: must be one of dense, triton",
+        ),
     ],
 )
 def test_selective_attention_settings_are_checked(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_run_config(None, overrides)
+
+
+def test_the_fused_kernel_is_refused_without_cuda(monkeypatch):
+    import rollouts.selective_attention as sa
+    from rl.train import TrainRecipe
+
+    config = load_run_config(REPO / "configs" / "tiny-selective.yaml", ["selective.kernel=triton"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sa, "KERNEL", "dense")
+    with pytest.raises(ValueError, match=r"selective\.kernel: triton runs on CUDA only"):
+        TrainRecipe(config)._select_kernel()
+    assert sa.KERNEL == "dense"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    TrainRecipe(config)._select_kernel()
+    assert sa.KERNEL == "triton"
 
 
 def test_selective_config_runs_its_rollouts_on_the_reference_engine():
