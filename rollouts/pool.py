@@ -243,7 +243,7 @@ def check_reachable(ray_address: str | None, timeout_s: float = 10.0) -> None:
     if not sep or not port.isdigit():
         raise ValueError(f"ray_address must be host:port, 'auto' or ray://host:port, got {ray_address!r}")
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()  # [::1]:6379 too
     except OSError as err:
         raise ConnectionError(
             f"no Ray cluster answers at {ray_address} ({err}): start its head (`ray start --head`) or fix "
