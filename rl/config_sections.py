@@ -207,6 +207,15 @@ class RunSection(Section):
     # protocol from SFT does not (the tiny default drops them: 350 tokens of every prompt on CPU).
     instructions: bool = True
 
+    def prompt_layout(self) -> dict:
+        """How the run lays out its prompts, as :func:`rl.sft.encode_sft_row` takes it."""
+        return {
+            "block_size": self.block_size,
+            "thinking": self.thinking,
+            "style": self.layout_style,
+            "instructions": self.instructions,
+        }
+
     def validate(self):
         check(self.name, self.key("name"), "must be a non-empty string")
         check(self.output_dir, self.key("output_dir"), "must be a non-empty path")

@@ -20,9 +20,10 @@ Aggregated per (mode, task, context-length bin), over every completion (``n``: e
 - ``accuracy``, ``compliance``: means of the reward components; ``coverage``: mean share of the evidence
   chunks the model focused on, over the examples that know their evidence (``None`` when none does);
 - ``kv_tokens``: KV tokens the mode's engine actually read, summed over every decoding step of every
-  example (``Trajectory.kv_tokens_read``: the DA trace in ``da``, full causal reads otherwise);
+  example (``Trajectory.kv_tokens_read``: the DA trace in ``da``, full causal reads otherwise; under
+  Selective Attention eviction, in every mode, the mean over layers of what each layer held);
   ``kv_tokens_vanilla``: the same completions under causal attention; ``kv_saving = 1 - kv_tokens /
-  kv_tokens_vanilla`` (0 by construction for ``da-nm`` and ``vanilla``);
+  kv_tokens_vanilla`` (0 by construction for ``da-nm`` and ``vanilla`` without eviction);
 - ``decode_steps``: mean generated tokens; ``mode_mix_global|focus|local``: share of generated tokens
   by the mode they were predicted under (``records.predicted_modes``, the paper's Figure 5);
 - ``truncated`` / ``errors``: examples that hit ``max_tokens`` / that the engine failed.
@@ -166,7 +167,7 @@ class EvalReport:
         ts = [self.trajectories[i] for i in indices]
         rs = [self.rewards[i] for i in indices]
         coverage = [r.coverage for r in rs if r.coverage is not None]
-        kv = sum(int(t.kv_tokens_read.sum()) for t in ts)
+        kv = round(sum(float(t.kv_tokens_read.sum()) for t in ts))  # a mean over layers under SA eviction
         kv_vanilla = sum(int(t.trace.kv_tokens_vanilla.sum()) for t in ts)
         mix = Counter(m for t in ts for m in predicted_modes(t))
         generated = sum(mix.values())

@@ -110,6 +110,19 @@ def search_policy_budgets(
     return greedy_budget_search(loss, model.config.num_hidden_layers, context, full * (1 + tolerance), step)
 
 
+def gold_batches(tokenizer, rows, layout: dict, batch_size: int = 4) -> list[dict]:
+    """The gold traces of data ``rows`` as :class:`rl.sft.DACollator` batches (with ``padding_mask``), the
+    input of :func:`rl.selective_model.completion_loss_under_budgets`."""
+    from rl.sft import DACollator, encode_sft_row
+    from rollouts.selective_attention import SELECTIVE
+
+    rows = [encode_sft_row(row, tokenizer, **layout) for row in rows]
+    if not rows:
+        raise ValueError("the budget search got no examples")
+    collate = DACollator(tokenizer, SELECTIVE, padding_mask=True)
+    return [collate(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+
+
 def search_split_budgets(
     model,
     tokenizer,
@@ -125,14 +138,7 @@ def search_split_budgets(
     and the ``budget_search`` phase of `heed train` both run."""
     from rich.progress import Progress, TextColumn
 
-    from rl.sft import DACollator, encode_sft_row
-    from rollouts.selective_attention import SELECTIVE
-
-    rows = [encode_sft_row(row, tokenizer, **layout) for row in rows]
-    if not rows:
-        raise ValueError("the budget search got no examples")
-    collate = DACollator(tokenizer, SELECTIVE, padding_mask=True)
-    batches = [collate(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+    batches = gold_batches(tokenizer, rows, layout, batch_size)
     with Progress(TextColumn(f"[bold]{label}[/] {{task.description}}")) as bar:
         task = bar.add_task("")
 

@@ -477,12 +477,7 @@ class TrainRecipe:
                 f"it has {', '.join(self.data)}"
             )
         rows = list(self.data[selective.search_split])[: selective.search_examples]
-        layout = {
-            "block_size": cfg.run.block_size,
-            "thinking": cfg.run.thinking,
-            "style": cfg.run.layout_style,
-            "instructions": cfg.run.instructions,
-        }
+        layout = cfg.run.prompt_layout()
         training = self.model.training
         self.model.eval()
         try:

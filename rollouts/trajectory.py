@@ -50,5 +50,9 @@ class Trajectory:
 
     @property
     def kv_tokens_read(self) -> np.ndarray:
-        """``[n]`` KV tokens the engine actually read per step in this trajectory's mode."""
+        """``[n]`` KV tokens the engine actually read per step (per layer): under Selective Attention eviction
+        the mean over layers of what each layer held, else the DA trace in ``da`` mode and the full causal
+        reads otherwise."""
+        if self.kv_tokens_per_layer is not None:
+            return np.asarray(self.kv_tokens_per_layer).mean(axis=1)
         return self.trace.kv_tokens if self.mode == "da" else self.trace.kv_tokens_vanilla

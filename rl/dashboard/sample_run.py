@@ -152,7 +152,7 @@ def _eval_results(examples: list[dict], rollout) -> list[dict]:
         runs["vanilla"] = rollout(i, runs["da"].parsed.without_mode_tags(), "vanilla")
         scores = score_trajectories(runs.values()).items
         for (mode, t), score in zip(runs.items(), scores, strict=True):
-            read = int(t.kv_tokens_read.sum())  # what this mode's engine reads: DA trace or full causal
+            read = round(float(t.kv_tokens_read.sum()))  # what this mode's engine read (DA, causal, SA)
             groups[(mode, example["task"], length_bin(example["context_tokens"]))].append(
                 (score.accuracy, read, int(t.trace.kv_tokens_vanilla.sum()), len(t.completion_ids))
             )

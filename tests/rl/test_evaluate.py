@@ -320,3 +320,28 @@ def test_sampled_eval_on_an_engine_is_reproducible(rows, tokenizer):
     ids = [list(t.completion_ids) for t in first.trajectories]
     assert ids == [list(t.completion_ids) for t in again.trajectories]
     assert ids[0] != ids[1] and ids[2] != ids[3]  # an untrained model at temperature 1 rarely repeats itself
+
+
+def test_selective_attention_eviction_counts_in_the_kv_reads(rows, tokenizer, token_table):
+    """Under SA eviction a layer reads what it holds (``kv_tokens_per_layer``), in every mode: the eval's KV
+    tokens are their mean over layers, so its saving is the eviction's, not the DA trace's."""
+    import numpy as np
+
+    gold = Scripted(tokenizer, token_table)
+    budgets = np.array([40, 24])  # two layers holding at most 40 and 24 tokens
+
+    def evicting(requests):
+        out = gold(requests)
+        for t in out:
+            t.kv_tokens_per_layer = np.minimum(t.trace.kv_tokens_vanilla[:, None], budgets)
+        return out
+
+    report = evaluate(rows, evicting, tokenizer, block_size=BLOCK_SIZE, max_tokens=512)
+    assert {row.mode for row in report.rows} == {"da", "da-nm", "vanilla"}
+    for row in report.rows:
+        steps = sum(len(gold.gold_ids(e)) for e in rows if e["task"] == row.task)
+        # every step sees far more than 40 tokens, so the layers read 40 and 24: 32 on average
+        assert row.kv_tokens == 32 * steps
+        assert (
+            row.kv_saving == pytest.approx(1 - row.kv_tokens / row.kv_tokens_vanilla) and row.kv_saving > 0.5
+        )

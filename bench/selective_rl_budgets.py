@@ -1,0 +1,93 @@
+"""Does RL lower the KV budgets a Selective Attention policy reaches? The SFT and the GRPO policy of one run.
+
+A `heed train` run with ``selective.search_budgets: true`` (``configs/tiny-selective.yaml`` with
+``selective.budgets=null selective.search_budgets=true``) searched per-layer budgets for its SFT policy
+(``RUN_DIR/budget_search/search.json``: the paper's greedy search down to the SFT policy's own full-cache
+loss on gold traces of the search split) and then trained GRPO under them, with the efficiency reward
+counting what each layer read and L_mem in the loss. This script runs the same search, on the same rows
+with the same step and tolerance, for the GRPO policy (``RUN_DIR/final``), and measures each policy's
+loss under both sets of budgets, side by side:
+
+- budgets and mean budget of each search (the SFT one read from search.json, not searched again);
+- each policy's full-cache loss (its own target) and its loss under the SFT budgets and under the GRPO
+  budgets (nats per gold completion token, under the DA mask, eviction replayed);
+- the run's own held-out evals after SFT and after GRPO (accuracy, KV-read saving), from state.json.
+
+RL "lowers the budgets reachable at equal quality" if the GRPO search ends lower while the GRPO policy's
+loss target is not worse than the SFT one's.
+
+Run::
+
+    .venv/bin/python -m bench.selective_rl_budgets runs/sel-search
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _load(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    from rollouts.selective_attention import SELECTIVE
+
+    return AutoModelForCausalLM.from_pretrained(folder, attn_implementation=SELECTIVE).eval()
+
+
+def main() -> None:
+    import torch
+
+    from rl.config import load_run_config
+    from rl.evaluate import load_split
+    from rl.selective_budgets import gold_batches, search_policy_budgets
+    from rl.selective_model import completion_loss_under_budgets
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args()
+    run_dir = args.run_dir
+    config = load_run_config(run_dir / "config.yaml")
+    selective = config.selective
+    search = json.loads((run_dir / "budget_search" / "search.json").read_text())
+    sft, grpo = _load(run_dir / "budget_search"), _load(run_dir / "final")
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
+    rows = load_split(run_dir / "data", selective.search_split)[: selective.search_examples]
+    batches = gold_batches(tokenizer, rows, config.run.prompt_layout())
+    print(
+        f"{run_dir}: {len(rows)} gold traces of {selective.search_split!r}, step {selective.search_step}, "
+        f"tolerance {selective.search_tolerance}"
+    )
+    with torch.no_grad():
+        found = search_policy_budgets(
+            grpo, batches, step=selective.search_step, tolerance=selective.search_tolerance
+        )
+        budgets = {"SFT": tuple(search["budgets"]), "GRPO": found.budgets}
+        print(f"{'policy':<6} {'budgets':<26} {'mean':>6} {'full-cache loss':>16} "
+              f"{'loss @ SFT budgets':>19} {'loss @ GRPO budgets':>20}")  # fmt: skip
+        for name, model in (("SFT", sft), ("GRPO", grpo)):
+            full = completion_loss_under_budgets(model, batches, None)
+            under = [completion_loss_under_budgets(model, batches, b) for b in budgets.values()]
+            mean = sum(budgets[name]) / len(budgets[name])
+            print(f"{name:<6} {list(budgets[name])!s:<26} {mean:>6.1f} {full:>16.4f} "
+                  f"{under[0]:>19.4f} {under[1]:>20.4f}")  # fmt: skip
+    print(
+        f"context (the longest search row): {found.context} tokens; GRPO search: {found.evaluations} evaluations"
+    )
+    state = json.loads((run_dir / "state.json").read_text())
+    for phase in ("sft", "grpo"):
+        da = state.get("eval", {}).get(phase, {}).get("da")
+        if da:
+            print(
+                f"held-out eval after {phase.upper()} (da, under the searched budgets): accuracy "
+                f"{da['accuracy']:.3f}, compliance {da['compliance']:.3f}, coverage {da['coverage']:.3f}, "
+                f"KV-read saving {da['kv_saving']:.3f} (n={da['n']})"
+            )
+
+
+if __name__ == "__main__":
+    main()
