@@ -41,7 +41,7 @@ def main() -> None:
 
     from rl.config import load_run_config
     from rl.evaluate import load_split
-    from rl.selective_budgets import gold_batches, search_policy_budgets
+    from rl.selective_budgets import gold_batches, search_split_budgets
     from rl.selective_model import completion_loss_under_budgets
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,15 +57,17 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
     rows = load_split(run_dir / "data", selective.search_split)[: selective.search_examples]
-    batches = gold_batches(tokenizer, rows, config.run.prompt_layout())
+    layout = config.run.prompt_layout()
+    batches = gold_batches(tokenizer, rows, layout)
     print(
         f"{run_dir}: {len(rows)} gold traces of {selective.search_split!r}, step {selective.search_step}, "
         f"tolerance {selective.search_tolerance}"
     )
     with torch.no_grad():
-        found = search_policy_budgets(
-            grpo, batches, step=selective.search_step, tolerance=selective.search_tolerance
-        )
+        found = search_split_budgets(
+            grpo, tokenizer, rows, layout, step=selective.search_step, tolerance=selective.search_tolerance,
+            label="GRPO policy",
+        )  # fmt: skip
         budgets = {"SFT": tuple(search["budgets"]), "GRPO": found.budgets}
         print(f"{'policy':<6} {'budgets':<26} {'mean':>6} {'full-cache loss':>16} "
               f"{'loss @ SFT budgets':>19} {'loss @ GRPO budgets':>20}")  # fmt: skip
