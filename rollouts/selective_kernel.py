@@ -75,12 +75,17 @@ if triton is not None:
         return vis
 
     @triton.jit
-    def _selection_tile(q0, k0, vis, rows, cols, bos, scale, IEEE: tl.constexpr):
-        """Head 0's ``S`` tile ``[BLOCK_M, BLOCK_N]`` (float32) from its query and key tiles."""
+    def _mm(a, b, IEEE: tl.constexpr):
+        """``a @ b`` accumulated in float32: fp32 products when ``IEEE``, else in ``b``'s dtype (bf16 / fp16)."""
         if IEEE:
-            logits = tl.dot(q0, tl.trans(k0), input_precision="ieee") * scale
-        else:
-            logits = tl.dot(q0, tl.trans(k0)) * scale
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a.to(b.dtype), b)
+
+    @triton.jit
+    def _selection_tile(q0, k0, vis, rows, cols, bos, scale, IEEE: tl.constexpr):
+        """Head 0's ``S`` tile ``[BLOCK_M, BLOCK_N]`` (float32) from its query and key tiles (what
+        :func:`rollouts.selective.selection_matrix` computes for the tile)."""
+        logits = _mm(q0, tl.trans(k0), IEEE) * scale
         select = vis & (cols[None, :] != bos[:, None]) & (cols[None, :] != rows[:, None])
         return tl.where(select, tl.maximum(logits, 0.0), 0.0)
 
@@ -156,19 +161,12 @@ if triton is not None:
             f = prior[None, :] + tl.cumsum(s, 0) - s
             if HAS_TAU:
                 memory += tl.sum(tl.where(vis, 1.0 - tl.minimum(f, tau) / tau, 0.0), 1)
-            if IEEE:
-                logits = tl.dot(qh, tl.trans(kh), input_precision="ieee") * scale - f
-            else:
-                logits = tl.dot(qh, tl.trans(kh)) * scale - f
-            logits = tl.where(vis, logits, -1.0e30)
+            logits = tl.where(vis, _mm(qh, tl.trans(kh), IEEE) * scale - f, -1.0e30)
             new_top = tl.maximum(top, tl.max(logits, 1))
             p = tl.where(vis, tl.exp(logits - new_top[:, None]), 0.0)
             rescale = tl.exp(top - new_top)
             total = total * rescale + tl.sum(p, 1)
-            if IEEE:
-                acc = acc * rescale[:, None] + tl.dot(p.to(vh.dtype), vh, input_precision="ieee")
-            else:
-                acc = acc * rescale[:, None] + tl.dot(p.to(vh.dtype), vh)
+            acc = acc * rescale[:, None] + _mm(p, vh, IEEE)
             top = new_top
         out = acc / tl.where(total > 0, total, 1.0)[:, None]  # a row that sees no key (padding) gives 0
         if HAS_TAU and h == 0:
@@ -180,13 +178,6 @@ if triton is not None:
         )
         lse = top + tl.log(tl.where(total > 0, total, 1.0))  # the backward's softmax normaliser
         tl.store(LSE + (b * H + h) * N + rows, lse, mask=rows < N)
-
-    @triton.jit
-    def _mm(a, b, IEEE: tl.constexpr):
-        """``a @ b`` accumulated in float32: fp32 products when ``IEEE``, else in ``b``'s dtype (bf16 / fp16)."""
-        if IEEE:
-            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-        return tl.dot(a.to(b.dtype), b)
 
     @triton.jit
     def _backward_kernel(
@@ -211,7 +202,7 @@ if triton is not None:
         kv_mask = (cols[:, None] < N) & (dims[None, :] < D)
         k_cols = K + b * k_b + cols[:, None] * k_n + dims[None, :]
         k0 = tl.load(k_cols, mask=kv_mask, other=0.0)
-        dk_cols = b * dk_b + cols[:, None] * dk_n + dims[None, :]
+        dk_cols = b * dk_b + cols[:, None] * dk_n + dims[None, :]  # DV is laid out as DK
         suffix = tl.zeros([BLOCK_N], dtype=tl.float32)  # sum of G over the rows of the blocks done so far
         dk0 = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # through S, into KV head 0
         last = (N - 1) // BLOCK_M
@@ -224,9 +215,8 @@ if triton is not None:
             q0 = tl.load(q_rows, mask=q_mask, other=0.0)
             bos = tl.load(BOS + b * N + rows, mask=rows < N, other=0)
             vis = _visible_tile(VIS, vis_b, vis_q, b, rows, cols, N, HAS_MASK)
-            logits0 = _mm(q0, tl.trans(k0), IEEE) * scale
-            select = vis & (cols[None, :] != bos[:, None]) & (cols[None, :] != rows[:, None]) & (logits0 > 0)
-            s = tl.where(select, logits0, 0.0)
+            s = _selection_tile(q0, k0, vis, rows, cols, bos, scale, IEEE)
+            select = s > 0  # where the ReLU passes gradient
             prior = tl.load(C + b * c_b + block * c_i + cols, mask=cols < N, other=0.0)
             f = prior[None, :] + tl.cumsum(s, 0) - s
             g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
