@@ -212,9 +212,23 @@ def _add_worker_methods(module) -> None:
 # -- submission (driver / API server) ------------------------------------------------------------
 
 
+def selective_problem(vllm_config) -> str | None:
+    """Why this engine must not serve its checkpoint at all: a Selective Attention model (``config.json``
+    ``selective_attention: true``) loads in vLLM as its base architecture with standard attention, so
+    every completion would come from a different model. None for any other checkpoint."""
+    hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
+    if not getattr(hf_config, "selective_attention", False):
+        return None
+    return (
+        "this is a Selective Attention checkpoint (config.json: selective_attention: true) and vLLM runs "
+        "standard attention, so it would decode a different model; run it on the transformers reference "
+        "engine (rollout.engine: reference; heed eval picks it for such checkpoints)"
+    )
+
+
 def engine_problems(vllm_config) -> list[str]:
     """Engine settings the DA mask cannot run under, each with what to change (empty if none)."""
-    problems = []
+    problems = [problem] if (problem := selective_problem(vllm_config)) else []
     if vllm_config.speculative_config is not None:
         problems.append(
             "speculative decoding is on (drafts are verified without the mask); drop speculative_config"
@@ -248,10 +262,15 @@ def _reject(message: str):
 
 
 def admit_request(vllm_config, request, problems: list[str] | None = None) -> DASpec | None:
-    """Validate one ``EngineCoreRequest`` and salt its prefix cache; raises ``VLLMValidationError``.
+    """Validate one ``EngineCoreRequest`` and salt its prefix cache; raises ``VLLMValidationError``. Every
+    request to a Selective Attention checkpoint is rejected (:func:`selective_problem`).
 
     ``problems``: :func:`engine_problems` of ``vllm_config`` if already computed.
     """
+    if problem := selective_problem(vllm_config):  # every request, DA or not
+        from vllm.exceptions import VLLMValidationError
+
+        raise VLLMValidationError(f"request rejected: {problem}", parameter="model")
     params = request.sampling_params
     extra = params.extra_args if params is not None else None
     if not extra or (LAYOUT_KEY not in extra and MODE_KEY not in extra) or extra.get(MODE_KEY) == "vanilla":

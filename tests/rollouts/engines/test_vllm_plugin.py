@@ -50,6 +50,7 @@ def vllm_config(**overrides):
         ),
         use_v2_model_runner=False,
         cache_config=NS(block_size=BS, enable_prefix_caching=True),
+        model_config=NS(hf_config=NS(model_type="qwen3")),
     )
     for key, value in overrides.items():
         target = config
@@ -254,6 +255,17 @@ def test_engine_settings_that_break_the_mask_are_named(override, match):
     request = NS(sampling_params=SamplingParams(extra_args=da_extra_args(LAYOUT)), prompt_token_ids=list(LAYOUT.input_ids), cache_salt=None)  # fmt: skip
     with pytest.raises(VLLMValidationError, match=match):
         admit_request(vllm_config(**override), request)
+
+
+def test_a_selective_attention_checkpoint_is_refused_for_every_request():
+    # vLLM would load it as plain Qwen3 (standard attention): a different model, so nothing may run on it
+    config = vllm_config(model_config__hf_config=NS(model_type="qwen3", selective_attention=True))
+    (problem,) = engine_problems(config)
+    assert "Selective Attention checkpoint" in problem and "reference engine" in problem
+    for extra in (da_extra_args(LAYOUT), None):  # a DA request and a plain one
+        request = NS(sampling_params=SamplingParams(extra_args=extra), prompt_token_ids=list(LAYOUT.input_ids), cache_salt=None)  # fmt: skip
+        with pytest.raises(VLLMValidationError, match="request rejected: this is a Selective Attention"):
+            admit_request(config, request)
 
 
 def test_admission_salts_masked_requests_only():
