@@ -245,13 +245,13 @@ class FusedSelectiveAttention(torch.autograd.Function):
         return *grads, None, None, None
 
 
-def _use_kernel(query, bias, dropout, state: AttentionState | None) -> bool:
+def _use_kernel(query, attention_mask, dropout, state: AttentionState | None) -> bool:
     """Whether this prefill runs on the fused kernel (``HEED_SELECTIVE_KERNEL=triton``, see :data:`KERNEL`).
 
-    Only a forward over a fresh sequence on CUDA (or Triton's interpreter) without a float-valued mask
-    bias, dropout, replayed budgets or attention reporting: those need ``F`` itself.
+    Only a forward over a fresh sequence on CUDA (or Triton's interpreter) with a bool mask (or none) and
+    without dropout, replayed budgets or attention reporting: those need ``F`` or a float bias.
     """
-    if KERNEL != "triton" or dropout or not isinstance(bias, float):
+    if KERNEL != "triton" or dropout or (attention_mask is not None and attention_mask.dtype != torch.bool):
         return False
     from . import selective_kernel
 
@@ -264,18 +264,19 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout, heed
     q_len, kv_len = query.shape[2], key.shape[2]
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     state = heed_state if heed_state is not None else getattr(module, "heed_state", None)
-    visible, bias = _visible_and_bias(attention_mask, q_len, kv_len, query.device)  # [b|1, q, kv]
-    if selective and q_len == kv_len and _use_kernel(query, bias, dropout, state):
+    if selective and q_len == kv_len and _use_kernel(query, attention_mask, dropout, state):
         tau = state.tau if state is not None else None
         mask = None if attention_mask is None else _mask_view(attention_mask, kv_len)  # no copy per layer
         out, total, memory = FusedSelectiveAttention.apply(query, key, value, mask, scaling, tau)
         if state is not None:  # decoding continues from the prefill's running sums
             state.accumulators[module.layer_idx] = MaskAccumulator()
             state.accumulators[module.layer_idx].total = total
+            visible, _ = _visible_and_bias(attention_mask, q_len, kv_len, query.device)
             state.kv_reads[module.layer_idx] = visible.sum(-1).expand(query.shape[0], q_len)
             if tau is not None:
                 state.peak_memory[module.layer_idx] = memory.amax(-1)
-        return out, None
+        return out, None  # no [b, q, kv] visibility built per layer when nothing records it
+    visible, bias = _visible_and_bias(attention_mask, q_len, kv_len, query.device)  # [b|1, q, kv]
     if selective:
         mask, visible = _selective_mask(module, query, key, visible, scaling, state)
         bias = bias - mask

@@ -394,17 +394,3 @@ def selective_backward(
         run.n, run.d, run.h, run.h // run.kv_heads, HAS_TAU=has_tau, **run.constants(),
     )  # fmt: skip
     return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)
-
-
-def fused_selective_attention(
-    query: torch.Tensor,  # [b, h, n, d]
-    key: torch.Tensor,  # [b, kv_heads, n, d]
-    value: torch.Tensor,  # [b, kv_heads, n, d]
-    visible: torch.Tensor | None,  # [b|1, n, n] bool attention mask (causality is added), or None: causal
-    scaling: float,
-    tau: float | None = None,
-    block_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(out [b, n, h, d], total [b, n], memory [b, n] or None)``: :func:`selective_forward` without its
-    log-sum-exp (inference)."""
-    return selective_forward(query, key, value, visible, scaling, tau, block_size)[:3]

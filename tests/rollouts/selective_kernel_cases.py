@@ -57,7 +57,7 @@ def _inputs(b, h, kv_heads, n, d, mask, seed=0):
 )
 def test_kernel_matches_the_loop_reference(kernel, b, h, kv_heads, n, d, block, mask):
     query, key, value, visible, reference_visible = _inputs(b, h, kv_heads, n, d, mask)
-    out, _, _ = kernel.fused_selective_attention(query, key, value, visible, d**-0.5, block_size=block)
+    out, _, _, _ = kernel.selective_forward(query, key, value, visible, d**-0.5, block_size=block)
     expected = reference_attention(query, key, value, reference_visible, d**-0.5)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
 
@@ -108,7 +108,7 @@ def test_total_is_the_next_querys_mask_row(kernel, mask):
     # total[k] = sum over every query of S[., k]: F's row for a query that would come after the last one.
     b, n, d = 2, 37, 16
     query, key, value, visible, reference_visible = _inputs(b, 2, 1, n, d, mask, seed=1)
-    _, total, _ = kernel.fused_selective_attention(query, key, value, visible, d**-0.5, block_size=16)
+    _, total, _, _ = kernel.selective_forward(query, key, value, visible, d**-0.5, block_size=16)
     for row in range(b):
         logits = (query[row, 0] @ key[row, 0].T * d**-0.5).tolist()
         extended = [line + [0.0] for line in logits] + [[0.0] * (n + 1)]  # one more query, one more key
@@ -123,7 +123,7 @@ def test_memory_is_the_papers_effective_memory(kernel, mask, tau):
     b, n, d = 2, 37, 16
     query, key, value, visible, reference_visible = _inputs(b, 2, 1, n, d, mask, seed=2)
     query = query * 3  # larger logits: F crosses tau
-    _, _, memory = kernel.fused_selective_attention(query, key, value, visible, d**-0.5, tau, block_size=16)
+    _, _, memory, _ = kernel.selective_forward(query, key, value, visible, d**-0.5, tau, block_size=16)
     for row in range(b):
         vis = reference_visible[row].tolist()
         f = reference_mask((query[row, 0] @ key[row, 0].T * d**-0.5).tolist(), vis)
