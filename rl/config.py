@@ -126,10 +126,8 @@ class RunConfig(Section):
 
     @property
     def rollout_engine(self) -> str:
-        """The engine the rollout actors run: ``rollout.engine``, with ``auto`` resolved."""
-        if self.rollout.engine != "auto":
-            return self.rollout.engine
-        return "reference" if self.selective.enabled else "vllm"
+        """The engine the rollout actors run: ``rollout.engine``, with ``auto`` resolved (vLLM)."""
+        return "vllm" if self.rollout.engine == "auto" else self.rollout.engine
 
     def _validate_selective(self):
         budgets = self.selective.budgets
@@ -160,11 +158,18 @@ class RunConfig(Section):
             "model.attn_implementation",
             "Selective Attention runs its own attention function over a dense mask: use sdpa",
         )
-        check(
-            self.rollout.engine != "vllm",
-            "rollout.engine",
-            "vLLM runs standard attention, not Selective Attention: use reference (or auto)",
-        )
+        if self.rollout_engine == "vllm":  # the plugin's Selective Attention path (rollouts/engines/vllm_selective.py)
+            kwargs = self.rollout.engine_kwargs
+            check(
+                not kwargs.get("enable_prefix_caching", False),
+                "rollout.engine_kwargs.enable_prefix_caching",
+                "a cached prompt has no query rows to compute Selective Attention's mask with: set false",
+            )
+            check(
+                int(kwargs.get("tensor_parallel_size", 1)) == 1,
+                "rollout.engine_kwargs.tensor_parallel_size",
+                "head 0's Selective Attention mask is needed by every head: use 1",
+            )
 
     def to_dict(self, redact: bool = True) -> dict:
         """Plain data that ``parse_run_config`` reads back; ``redact`` drops ``SECRET_FIELDS``."""

@@ -486,8 +486,9 @@ class RolloutSection(Section):
     # gloo on CPU; for GPU pools). rollouts/pool.py has the details.
     weight_sync: str = "object_store"
     weight_sync_timeout_s: float = 300.0  # broadcast: limit for engines to answer, join and take one update
-    # Which engine each actor runs: vllm (with the DA plugin), reference (transformers, one request at a time:
-    # Selective Attention models, which vLLM cannot run), or auto (reference when selective.enabled, else vllm).
+    # Which engine each actor runs: vllm (with the Heed plugin: DA, and Selective Attention models), reference
+    # (transformers, one request at a time: the oracle, and the fallback where vLLM is not installed), or auto
+    # (vllm).
     engine: str = "auto"
     # The actors live in one Ray placement group, one bundle each: num_cpus/gpus_per_actor plus these custom
     # resources, e.g. {heed_rollout: 1} where only the rollout nodes were started with
@@ -593,8 +594,8 @@ class LoggingSection(Section):
 @dataclass
 class SelectiveSection(Section):
     """Selective Attention (rollouts/selective_attention.py): the model masks context itself, with no new
-    parameters; masked tokens are evicted under per-layer KV budgets. vLLM runs standard attention, so a
-    Selective Attention run's rollouts use the transformers reference engine (``rollout.engine``)."""
+    parameters; masked tokens are evicted under per-layer KV budgets. The rollout engines (vLLM through
+    rollouts/engines/vllm_selective.py, or the reference engine) evict under the same budgets."""
 
     SECTION: ClassVar[str] = "selective"
 

@@ -440,7 +440,6 @@ def _run_on_pool(
         env = {"VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}"}
     config = PoolConfig(
         str(checkpoint), num_actors=num_actors, block_size=block_size, engine_kwargs=engine_kwargs, env=env,
-        engine="reference" if _is_selective(checkpoint) else "vllm",
     )  # fmt: skip
     started_ray = not ray.is_initialized()
     pool = None
@@ -452,13 +451,6 @@ def _run_on_pool(
             pool.shutdown()
         if started_ray:
             ray.shutdown()
-
-
-def _is_selective(checkpoint) -> bool:
-    """A Selective Attention checkpoint (``selective_attention: true``): vLLM cannot run it, the reference
-    engine can (with the KV budgets its config carries)."""
-    config = Path(checkpoint) / "config.json"
-    return config.is_file() and bool(json.loads(config.read_text()).get("selective_attention", False))
 
 
 def load_split(data_dir: str | Path, split: str) -> list[dict]:

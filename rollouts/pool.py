@@ -179,7 +179,7 @@ class RolloutActor:
     """One engine in one Ray actor process: vLLM, or the transformers reference engine (``engine``)."""
 
     def __init__(self, model: str, block_size: int, engine_kwargs: dict[str, Any], engine: str = "vllm"):
-        if engine == "reference":  # Selective Attention models: vLLM runs standard attention
+        if engine == "reference":  # the oracle; Selective Attention too
             from rollouts.engines.reference import ReferenceEngine
 
             mode = engine_kwargs.get("logprobs_mode", "raw_logprobs")  # the only vLLM argument it takes

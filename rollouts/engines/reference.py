@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from rollouts.eviction import check_budgets, load_budgets
-from rollouts.masks.visibility import VisibilityTracker
+from rollouts.masks.visibility import VisibilityTracker, visible_keys
 from rollouts.protocol.tokens import token_bytes_table
 from rollouts.selective_attention import SELECTIVE, AttentionState
 from rollouts.trajectory import Trajectory
@@ -224,9 +224,7 @@ class ReferenceEngine:
 
     def _mask(self, visible, position: int, block_size: int) -> torch.Tensor:
         """``[1, 1, 1, position + 1]`` mask for the forward at ``position``: keys in visible blocks."""
-        block_visible = torch.zeros(position // block_size + 1, dtype=torch.bool, device=self.device)
-        block_visible[torch.as_tensor(visible, dtype=torch.long, device=self.device)] = True
-        keys = block_visible[torch.arange(position + 1, device=self.device) // block_size]
+        keys = torch.from_numpy(visible_keys(visible, position, block_size)).to(self.device)
         if self._bool_mask:
             return keys.view(1, 1, 1, -1)
         additive = torch.zeros(keys.shape, dtype=self.model.dtype, device=self.device)

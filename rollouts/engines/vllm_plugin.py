@@ -26,12 +26,18 @@ Hook points (verified on vLLM 0.32.0, V1 model runner; ``CPUModelRunner`` inheri
 - ``GPUModelRunner._prepare_inputs``: plan the step (real steps only: dummy runs never call it);
 - ``GPUModelRunner._build_attention_metadata``: scope the rewrite to this call, never to CUDA-graph
   capture;
+- ``GPUModelRunner._dummy_run``: a Selective Attention model's dummy batches run the backend's kernel;
 - ``AttentionGroup.build_metadata`` (``vllm/v1/worker/utils.py``): the rewrite, before the backend's
   ``build()`` (the CPU builder derives its scheduler metadata from ``seq_lens``). Backend neutral:
   CPU_ATTN here, FlashAttention/FlashInfer on GPUs (keep GPUs on V1: ``VLLM_USE_V2_MODEL_RUNNER=0``);
 - ``InputProcessor.process_inputs`` (``vllm/v1/engine/input_processor.py``): validate every DA request
   at submission, on the driver or API server (``rollouts.engines.da_args``), and salt its prefix cache;
-- ``WorkerBase`` gains ``heed_da_*`` methods the driver calls by name through ``collective_rpc``.
+- ``WorkerBase`` gains ``heed_da_*`` / ``heed_sa_*`` methods the driver calls by name through
+  ``collective_rpc``.
+
+A Selective Attention checkpoint (``selective_attention: true``) also gets its attention computed by Heed
+(:mod:`rollouts.engines.vllm_selective`): ``_prepare_inputs`` plans its step after the DA plan (a masked
+row's visible keys come from the same tracker), ``_update_states`` releases its finished requests.
 
 Decisions and limits (each enforced, none silent):
 
@@ -76,11 +82,13 @@ from rollouts.protocol.layout import LayoutError, PromptLayout
 from rollouts.protocol.tokens import token_bytes_table
 
 from .da_args import LAYOUT_KEY, MODE_KEY, DASpec, da_cache_salt, read_da_args
+from .vllm_selective import SelectiveWorkerState, is_selective, selective_problems
 
 logger = logging.getLogger(__name__)
 
 VERIFIED_VLLM_VERSION = "0.32.0"
 _STATE_ATTR = "_heed_da_state"
+_SA_STATE_ATTR = "_heed_sa_state"  # a SelectiveWorkerState, or False for a standard model
 _PATCHED = "__heed_da_patched__"
 _MAX_FINISHED_REPORTS = 65536  # accounting kept for the driver to collect; oldest dropped first
 
@@ -195,6 +203,7 @@ def _patch_model_runner(module) -> None:
     _wrap(cls, "_update_states", _update_states)
     _wrap(cls, "_prepare_inputs", _prepare_inputs)
     _wrap(cls, "_build_attention_metadata", _build_attention_metadata)
+    _wrap(cls, "_dummy_run", _dummy_run)
 
 
 def _patch_attention_group(module) -> None:
@@ -212,23 +221,10 @@ def _add_worker_methods(module) -> None:
 # -- submission (driver / API server) ------------------------------------------------------------
 
 
-def selective_problem(vllm_config) -> str | None:
-    """Why this engine must not serve its checkpoint at all: a Selective Attention model (``config.json``
-    ``selective_attention: true``) loads in vLLM as its base architecture with standard attention, so
-    every completion would come from a different model. None for any other checkpoint."""
-    hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
-    if not getattr(hf_config, "selective_attention", False):
-        return None
-    return (
-        "this is a Selective Attention checkpoint (config.json: selective_attention: true) and vLLM runs "
-        "standard attention, so it would decode a different model; run it on the transformers reference "
-        "engine (rollout.engine: reference; heed eval picks it for such checkpoints)"
-    )
-
-
 def engine_problems(vllm_config) -> list[str]:
-    """Engine settings the DA mask cannot run under, each with what to change (empty if none)."""
-    problems = [problem] if (problem := selective_problem(vllm_config)) else []
+    """Engine settings the DA mask cannot run under, each with what to change (empty if none); for a
+    Selective Attention checkpoint, also those it cannot be served under."""
+    problems = selective_problems(vllm_config)
     if vllm_config.speculative_config is not None:
         problems.append(
             "speculative decoding is on (drafts are verified without the mask); drop speculative_config"
@@ -263,14 +259,19 @@ def _reject(message: str):
 
 def admit_request(vllm_config, request, problems: list[str] | None = None) -> DASpec | None:
     """Validate one ``EngineCoreRequest`` and salt its prefix cache; raises ``VLLMValidationError``. Every
-    request to a Selective Attention checkpoint is rejected (:func:`selective_problem`).
+    request to a Selective Attention checkpoint is rejected while the engine runs with settings it cannot
+    be served under (:func:`~rollouts.engines.vllm_selective.selective_problems`).
 
     ``problems``: :func:`engine_problems` of ``vllm_config`` if already computed.
     """
-    if problem := selective_problem(vllm_config):  # every request, DA or not
+    if sa_problems := selective_problems(vllm_config):  # every request, DA or not
         from vllm.exceptions import VLLMValidationError
 
-        raise VLLMValidationError(f"request rejected: {problem}", parameter="model")
+        raise VLLMValidationError(
+            "request rejected: this Selective Attention checkpoint cannot run on this engine: "
+            + "; ".join(sa_problems),
+            parameter="model",
+        )
     params = request.sampling_params
     extra = params.extra_args if params is not None else None
     if not extra or (LAYOUT_KEY not in extra and MODE_KEY not in extra) or extra.get(MODE_KEY) == "vanilla":
@@ -559,16 +560,41 @@ def _state(runner) -> DAWorkerState:
     return state
 
 
+def _selective_state(runner) -> SelectiveWorkerState | None:
+    """The Selective Attention state of a runner whose model is one (installed on first use), else None."""
+    state = runner.__dict__.get(_SA_STATE_ATTR)
+    if state is None:
+        selective = is_selective(runner.model_config.hf_config)
+        state = SelectiveWorkerState(runner) if selective else False
+        setattr(runner, _SA_STATE_ATTR, state)
+    return state or None
+
+
 def _update_states(original, runner, scheduler_output, *args, **kwargs):
     state = runner.__dict__.get(_STATE_ATTR)
     if state is not None and scheduler_output.finished_req_ids:
         state.release(scheduler_output.finished_req_ids)
+    selective = runner.__dict__.get(_SA_STATE_ATTR)
+    if selective:
+        selective.step = None  # planned again by this step's _prepare_inputs
+        selective.release(scheduler_output.finished_req_ids)
     return original(runner, scheduler_output, *args, **kwargs)
+
+
+def _dummy_run(original, runner, *args, **kwargs):
+    selective = runner.__dict__.get(_SA_STATE_ATTR)
+    if selective:  # warm-up, profiling, idle data-parallel ranks: no requests, the backend's own kernel
+        selective.step = None
+    return original(runner, *args, **kwargs)
 
 
 def _prepare_inputs(original, runner, *args, **kwargs):
     out = original(runner, *args, **kwargs)
-    _state(runner).plan_step(runner)
+    da_state = _state(runner)
+    da_state.plan_step(runner)
+    selective = _selective_state(runner)
+    if selective is not None:
+        selective.plan_step(runner, da_state)
     return out
 
 
@@ -604,6 +630,13 @@ def pop_da_reports(worker, keys: list[str]) -> dict[str, dict[str, Any]]:
     return {} if state is None else state.pop_reports(keys)
 
 
+def pop_sa_reports(worker, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Selective Attention requests' per-layer KV reads, by ``extra_args["heed_sa_key"]``
+    (``heed_sa_reports`` on the worker): ``kv_tokens_per_layer`` ``[n][L]`` under budgets, else empty."""
+    state = worker.model_runner.__dict__.get(_SA_STATE_ATTR)
+    return state.pop_reports(keys) if state else {}
+
+
 def worker_hooks_installed(worker) -> bool:
     """Whether this worker's model runner is hooked (``heed_da_hooks_installed`` on the worker).
 
@@ -625,6 +658,7 @@ def live_da_requests(worker) -> int:
 
 WORKER_METHODS = {
     "heed_da_reports": pop_da_reports,
+    "heed_sa_reports": pop_sa_reports,
     "heed_da_hooks_installed": worker_hooks_installed,
     "heed_da_live_requests": live_da_requests,
 }

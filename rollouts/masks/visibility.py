@@ -58,6 +58,17 @@ def kv_tokens_read(visible_blocks: int | np.ndarray, position: int | np.ndarray,
     return (visible_blocks - 1) * block_size + position % block_size + 1
 
 
+def visible_keys(visible_blocks: np.ndarray, position: int, block_size: int) -> np.ndarray:
+    """``[position + 1]`` bool: the keys the forward at ``position`` reads, given its visible blocks.
+
+    Causal too: a key is read when its block is visible and it is already cached (``<= position``), so
+    ``visible_keys(...).sum() == kv_tokens_read(len(visible_blocks), position, block_size)``.
+    """
+    block_visible = np.zeros(position // block_size + 1, dtype=bool)
+    block_visible[np.asarray(visible_blocks, dtype=np.int64)] = True
+    return block_visible[np.arange(position + 1) // block_size]
+
+
 class VisibilityTracker:
     """Streaming visibility for one request: feed each new token, get the blocks its forward may read.
 

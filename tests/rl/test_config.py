@@ -291,9 +291,16 @@ def test_random_step_overrides_round_trip(overrides):
             r"selective\.budgets\[1\]: must be >= 2",
         ),
         (["selective.enabled=true", "selective.memory_tau=0"], r"selective\.memory_tau"),
-        (["selective.enabled=true", "rollout.engine=vllm"], r"rollout\.engine: vLLM runs standard attention"),
         (
-            ["selective.enabled=true", "rollout.weight_sync=broadcast"],
+            ["selective.enabled=true", "rollout.engine_kwargs.enable_prefix_caching=true"],
+            r"rollout\.engine_kwargs\.enable_prefix_caching: a cached prompt has no query rows",
+        ),
+        (
+            ["selective.enabled=true", "rollout.engine_kwargs.tensor_parallel_size=2"],
+            r"rollout\.engine_kwargs\.tensor_parallel_size: head 0's Selective Attention mask",
+        ),
+        (
+            ["selective.enabled=true", "rollout.engine=reference", "rollout.weight_sync=broadcast"],
             r"rollout\.weight_sync: the reference engine",
         ),
         (
@@ -350,13 +357,13 @@ def test_the_fused_kernel_is_refused_without_cuda(monkeypatch):
     assert sa.KERNEL == "triton"
 
 
-def test_selective_config_runs_its_rollouts_on_the_reference_engine():
+def test_selective_config_runs_its_rollouts_on_vllm():
     from rl.config_sections import ROLLOUT_ENGINES
     from rollouts.pool import ENGINES
 
     assert set(ROLLOUT_ENGINES) == {"auto", *ENGINES}
     selective = load_run_config(REPO / "configs" / "tiny-selective.yaml")
-    assert selective.selective.enabled and selective.rollout_engine == "reference"
+    assert selective.selective.enabled and selective.rollout_engine == "vllm"
     assert len(selective.selective.budgets) == selective.model.tiny.num_hidden_layers
     searching = load_run_config(
         REPO / "configs" / "tiny-selective.yaml", ["selective.budgets=null", "selective.search_budgets=true"]

@@ -1,6 +1,7 @@
 """`heed train` on the Selective Attention config, shrunk: SFT with L_mem, GRPO whose rollouts evict under
-per-layer KV budgets on the reference engine while the trainer replays the same evictions, and an export
-that carries its budgets and, served again through `heed eval`, reproduces the run's own final eval."""
+per-layer KV budgets on vLLM (the plugin's Selective Attention path) while the trainer replays the same
+evictions, and an export that carries its budgets and, served again through `heed eval`, reproduces the
+run's own final eval."""
 
 import json
 import os

@@ -46,7 +46,8 @@ def vllm_config(**overrides):
         scheduler_config=NS(async_scheduling=False),
         compilation_config=NS(cudagraph_mode=CUDAGraphMode.NONE),
         parallel_config=NS(
-            use_ubatching=False, decode_context_parallel_size=1, prefill_context_parallel_size=1
+            use_ubatching=False, decode_context_parallel_size=1, prefill_context_parallel_size=1,
+            tensor_parallel_size=1,
         ),
         use_v2_model_runner=False,
         cache_config=NS(block_size=BS, enable_prefix_caching=True),
@@ -257,15 +258,27 @@ def test_engine_settings_that_break_the_mask_are_named(override, match):
         admit_request(vllm_config(**override), request)
 
 
-def test_a_selective_attention_checkpoint_is_refused_for_every_request():
-    # vLLM would load it as plain Qwen3 (standard attention): a different model, so nothing may run on it
-    config = vllm_config(model_config__hf_config=NS(model_type="qwen3", selective_attention=True))
-    (problem,) = engine_problems(config)
-    assert "Selective Attention checkpoint" in problem and "reference engine" in problem
-    for extra in (da_extra_args(LAYOUT), None):  # a DA request and a plain one
-        request = NS(sampling_params=SamplingParams(extra_args=extra), prompt_token_ids=list(LAYOUT.input_ids), cache_salt=None)  # fmt: skip
-        with pytest.raises(VLLMValidationError, match="request rejected: this is a Selective Attention"):
-            admit_request(config, request)
+def test_a_selective_attention_checkpoint_is_refused_under_settings_it_cannot_run_with():
+    # served by Heed's attention function, which needs each request prefilled from position 0 and head 0
+    # on the rank of every head; the checkpoint's own budgets must be valid
+    def config(**override):
+        sa = NS(model_type="qwen3", selective_attention=True, num_hidden_layers=2)
+        settings = {"model_config__hf_config": sa, "cache_config__enable_prefix_caching": False}
+        return vllm_config(**{**settings, **override})
+
+    assert engine_problems(config()) == []
+    cases = {
+        "prefix caching": {"cache_config__enable_prefix_caching": True},
+        "tensor_parallel_size=1": {"parallel_config__tensor_parallel_size": 2},
+        "selective_budgets are invalid": {"model_config__hf_config__selective_budgets": [8, 8, 8]},
+    }
+    for match, override in cases.items():
+        (problem,) = engine_problems(config(**override))
+        assert match in problem
+        for extra in (da_extra_args(LAYOUT), None):  # a DA request and a plain one are both refused
+            request = NS(sampling_params=SamplingParams(extra_args=extra), prompt_token_ids=list(LAYOUT.input_ids), cache_salt=None)  # fmt: skip
+            with pytest.raises(VLLMValidationError, match=f"Selective Attention checkpoint.*{match}"):
+                admit_request(config(**override), request)
 
 
 def test_admission_salts_masked_requests_only():

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollouts.masks import KVShape, VisibilityTracker, trace_completion, visible_chunks
+from rollouts.masks.visibility import visible_keys
 from rollouts.protocol import GLOBAL_STATE, LOCAL_STATE, ModeState, build_prompt, parse_completion
 
 DOCS = [
@@ -80,6 +81,8 @@ def test_tracker_blocks_and_kv_reads_match_dense_reference(layout, tokenizer, to
         assert tracker.kv_tokens == (len(ref_blocks) - 1) * b + position % b + 1
         # block rounding loses nothing: chunks are aligned, so block reads == visible tokens read
         assert tracker.kv_tokens == int(ref.sum())
+        # the per-key form engines that attend token by token use (reference engine, Selective Attention)
+        assert np.array_equal(visible_keys(blocks, position, b), ref), f"step {j}"
 
 
 def test_trace_accounting(layout, tokenizer, token_table):
