@@ -25,8 +25,8 @@ each layer read for every generated token is reported (``heed_sa_reports``) and 
 
 Decisions and limits (enforced where they can be; :func:`selective_problems`):
 
-- Keys and values are kept per request, per layer, in contiguous tensors beside vLLM's paged cache,
-  which vLLM still fills and schedules by. The paged cache's layout is the backend's own (on CPU it
+- Keys and values are kept per request, per layer, in growing contiguous buffers beside vLLM's paged
+  cache, which vLLM still fills and schedules by. The paged cache's layout is the backend's own (on CPU it
   depends on the ISA: AMX packs it), and no backend kernel takes a per-query bias. So an SA model holds
   its KV twice, and evicted tokens are masked, not freed: the reads are the budget's, the memory is
   not. Freeing needs a kernel that reads a per-layer kept-token table; that is the next step.
@@ -98,6 +98,32 @@ class _Row:
     da_keys: np.ndarray | None  # [position + 1] keys a masked DA decode row reads, else None (causal)
 
 
+class _LayerKV:
+    """One request's keys and values in one layer, in arrival order: ``[1, kv_heads, n, d]`` views of buffers
+    that double when full (amortised O(1) per token; a copy, never a view of vLLM's activations)."""
+
+    def __init__(self):
+        self.length = 0
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+
+    def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add ``[1, kv_heads, q, d]`` keys and values; return every key and value so far."""
+        new = self.length + key.shape[2]
+        if self._keys is None or new > self._keys.shape[2]:
+            capacity = max(2 * (0 if self._keys is None else self._keys.shape[2]), new, 64)
+            keys = key.new_empty(*key.shape[:2], capacity, key.shape[3])
+            values = value.new_empty(*value.shape[:2], capacity, value.shape[3])
+            if self._keys is not None:
+                keys[:, :, : self.length] = self._keys[:, :, : self.length]
+                values[:, :, : self.length] = self._values[:, :, : self.length]
+            self._keys, self._values = keys, values
+        self._keys[:, :, self.length : new] = key
+        self._values[:, :, self.length : new] = value
+        self.length = new
+        return self._keys[:, :, :new], self._values[:, :, :new]
+
+
 @dataclass
 class _SelectiveRequest:
     """One request's Selective Attention state in the worker."""
@@ -105,8 +131,7 @@ class _SelectiveRequest:
     key: str | None  # the driver's accounting key (extra_args[SA_KEY])
     prompt_len: int
     state: AttentionState
-    keys: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [1, kv_heads, n, d]
-    values: dict[int, torch.Tensor] = field(default_factory=dict)
+    kv: dict[int, _LayerKV] = field(default_factory=dict)  # by layer
     reads: dict[int, list[int]] = field(default_factory=dict)  # position -> keys each layer read
 
     def report(self) -> dict[str, Any]:
@@ -226,27 +251,24 @@ def selective_forward(
     for row in rows:
         request = worker.requests[row.req_id]
         tokens = slice(row.start, row.start + row.query_len)
-        k = key[tokens].transpose(0, 1)[None]  # [1, kv_heads, q, d]
-        v = value[tokens].transpose(0, 1)[None]
-        if row.position == 0:
-            request.keys[layer_idx], request.values[layer_idx] = k, v
-        else:
-            held = request.keys[layer_idx].shape[2]
-            if held != row.position:
-                raise RuntimeError(
-                    f"request {row.req_id}: layer {layer_idx} holds {held} keys but the step starts at "
-                    f"position {row.position}"
-                )
-            request.keys[layer_idx] = torch.cat([request.keys[layer_idx], k], 2)
-            request.values[layer_idx] = torch.cat([request.values[layer_idx], v], 2)
+        layer_kv = request.kv.setdefault(layer_idx, _LayerKV())
+        if layer_kv.length != row.position:
+            raise RuntimeError(
+                f"request {row.req_id}: layer {layer_idx} holds {layer_kv.length} keys but the step starts at "
+                f"position {row.position}"
+            )
+        keys, values = layer_kv.append(
+            key[tokens].transpose(0, 1)[None],  # [1, kv_heads, q, d]
+            value[tokens].transpose(0, 1)[None],
+        )
         mask = None
         if row.da_keys is not None:
             mask = torch.from_numpy(row.da_keys).to(query.device).view(1, 1, 1, -1)
         out, _ = selective_attention_forward(
             module,
             query[tokens].transpose(0, 1)[None],  # [1, heads, q, d]
-            request.keys[layer_idx],
-            request.values[layer_idx],
+            keys,
+            values,
             mask,
             scaling=impl.scale,
             heed_state=request.state,
