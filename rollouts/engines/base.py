@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rollouts.masks.visibility import trace_completion
 from rollouts.protocol.layout import PromptLayout
 from rollouts.protocol.tokens import TokenTextStream
@@ -77,8 +79,12 @@ def build_trajectory(
     wall_time_s: float = 0.0,
     error: str | None = None,
     extra: dict[str, Any] | None = None,
+    kv_tokens_per_layer: Sequence[Sequence[int]] | None = None,
 ) -> Trajectory:
-    """A Trajectory for ``completion_ids``: text, protocol parse and per-step visibility trace."""
+    """A Trajectory for ``completion_ids``: text, protocol parse and per-step visibility trace.
+
+    ``kv_tokens_per_layer`` ``[n][L]``: under Selective Attention eviction, the keys each layer read in the
+    forward that predicted each token (cut to the completion's length)."""
     layout = request.layout
     ids = [int(t) for t in completion_ids]
     text = decode_text(ids, token_table)
@@ -97,4 +103,7 @@ def build_trajectory(
         wall_time_s=wall_time_s,
         error=error,
         extra=dict(extra or {}),
+        kv_tokens_per_layer=None
+        if kv_tokens_per_layer is None
+        else np.asarray(kv_tokens_per_layer, dtype=np.int64)[: len(ids)],
     )

@@ -33,7 +33,6 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 
-import numpy as np
 import torch
 
 from rollouts.eviction import check_budgets, load_budgets
@@ -143,7 +142,7 @@ class ReferenceEngine:
     def _generate_one(self, request: RolloutRequest) -> Trajectory:
         start = time.perf_counter()
         ids, logprobs, kv_read, per_layer, finish = self._decode(request)
-        trajectory = build_trajectory(
+        return build_trajectory(
             request,
             ids,
             logprobs,
@@ -151,10 +150,8 @@ class ReferenceEngine:
             finish_reason=finish,
             wall_time_s=time.perf_counter() - start,
             extra={"engine": "reference", "kv_tokens_engine": kv_read},
+            kv_tokens_per_layer=per_layer if self.budgets is not None else None,
         )
-        if self.budgets is not None:
-            trajectory.kv_tokens_per_layer = np.asarray(per_layer, dtype=np.int64).reshape(len(ids), -1)
-        return trajectory
 
     def _decode(self, request: RolloutRequest) -> tuple[list[int], list[float], list[int], list, str]:
         from transformers import DynamicCache

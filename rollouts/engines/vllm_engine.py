@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from rollouts.protocol.tokens import token_bytes_table
@@ -101,7 +100,7 @@ class VLLMEngine:
 
         prompts, params, keys = [], [], []
         for request in requests:
-            key = uuid.uuid4().hex if request.mode in TRACKED_MODES or self.selective else None
+            key = uuid.uuid4().hex  # accounting key: DA modes report what they read, SA models per layer
             sampling = {
                 "max_tokens": request.num_tokens,
                 "temperature": request.temperature,
@@ -109,7 +108,7 @@ class VLLMEngine:
                 "seed": request.seed,
                 "logprobs": 0,  # the chosen token's log-prob, from the raw logits
             }
-            forcing = None
+            extra_args = {SA_KEY: key} if self.selective else {}
             if request.forced_ids is not None:
                 forced = list(request.forced_ids)
                 if max(forced) >= self.vocab_size:
@@ -118,14 +117,12 @@ class VLLMEngine:
                     sampling["ignore_eos"] = True  # emit exactly the forced tokens
                 elif self.tokenizer.eos_token_id in forced:
                     raise ValueError("a forced prefix followed by free decoding must not contain EOS")
-                forcing = {FORCE_KEY: forced}
-            if self.selective:
-                forcing = {**(forcing or {}), SA_KEY: key}
+                extra_args[FORCE_KEY] = forced
             prompt, param = da_request(
                 request.layout,
                 request.mode,
                 key=key if request.mode in TRACKED_MODES else None,
-                extra_args=forcing,
+                extra_args=extra_args or None,
                 **sampling,
             )
             prompts.append(prompt)
@@ -135,7 +132,7 @@ class VLLMEngine:
         start = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=use_tqdm)
         wall = time.perf_counter() - start
-        tracked = [k for k, r in zip(keys, requests) if k is not None and r.mode in TRACKED_MODES]
+        tracked = [k for k, r in zip(keys, requests) if r.mode in TRACKED_MODES]
         reports = self.llm.collective_rpc("heed_da_reports", args=(tracked,))[0] if tracked else {}
         layer_reports = {}
         if self.selective:
@@ -151,10 +148,10 @@ class VLLMEngine:
                 else None
             )
             extra: dict[str, Any] = {"engine": "vllm"}
-            report = reports.get(key) if key is not None else None
+            report = reports.get(key)
             if report is not None:
                 extra["kv_tokens_engine"] = [request.layout.prompt_len, *report["kv_tokens"]][: len(ids)]
-            per_layer = layer_reports.get(key, {}).get("kv_tokens_per_layer") if key is not None else None
+            per_layer = layer_reports.get(key, {}).get("kv_tokens_per_layer") or None  # under budgets
             finish = _FINISH.get(completion.finish_reason or "", "error")
             if (
                 finish == "length"
@@ -163,19 +160,19 @@ class VLLMEngine:
                 and ids[-1] in self.stop_ids
             ):
                 finish = "stop"  # a forced completion ending in EOS ended there (vLLM ignored EOS to emit it)
-            trajectory = build_trajectory(
-                request,
-                ids,
-                logprobs,
-                self.token_table,
-                finish_reason=finish,
-                wall_time_s=wall,
-                error=None if finish != "error" else f"vLLM finish_reason={completion.finish_reason!r}",
-                extra=extra,
+            trajectories.append(
+                build_trajectory(
+                    request,
+                    ids,
+                    logprobs,
+                    self.token_table,
+                    finish_reason=finish,
+                    wall_time_s=wall,
+                    error=None if finish != "error" else f"vLLM finish_reason={completion.finish_reason!r}",
+                    extra=extra,
+                    kv_tokens_per_layer=per_layer,
+                )
             )
-            if per_layer:  # Selective Attention under KV budgets: what each layer read
-                trajectory.kv_tokens_per_layer = np.asarray(per_layer[: len(ids)], dtype=np.int64)
-            trajectories.append(trajectory)
         return trajectories
 
     def live_requests(self) -> int:

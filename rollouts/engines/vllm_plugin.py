@@ -224,8 +224,8 @@ def _add_worker_methods(module) -> None:
 def engine_problems(vllm_config) -> list[str]:
     """Engine settings the DA mask cannot run under, each with what to change (empty if none); for a
     Selective Attention checkpoint, also those it cannot be served under."""
-    problems = selective_problems(vllm_config)
-    if vllm_config.speculative_config is not None:
+    problems = selective_problems(vllm_config)  # (speculative decoding among them, for such a checkpoint)
+    if vllm_config.speculative_config is not None and not is_selective(vllm_config.model_config.hf_config):
         problems.append(
             "speculative decoding is on (drafts are verified without the mask); drop speculative_config"
         )
