@@ -3,9 +3,11 @@
     .venv/bin/python -m bench.tiny_run [RUN_DIR]
 
 Runs ``heed train`` (configs/tiny.yaml) into RUN_DIR (default ``runs/bench-tiny``) unless RUN_DIR already
-holds a run (a finished one is summarized, an unfinished one refused), then prints, for the random model, after SFT and after GRPO, the ``da`` column of
-each held-out evaluation (accuracy, compliance, evidence coverage, KV-read saving, mode mix) next to the
-``da-nm`` / ``vanilla`` accuracy, the wall time of every phase, and the GRPO-minus-SFT differences.
+holds a run (a finished one is summarized, an unfinished one refused), then prints, for the random
+model, after SFT and after GRPO, the ``da`` column of each held-out evaluation (accuracy, compliance,
+evidence coverage, KV-read saving, mode mix) next to the ``da-nm`` / ``vanilla`` accuracy, the wall time
+of every phase, and the GRPO-minus-SFT differences; the same for the sampled ``da`` evals after SFT and
+GRPO when the run made them (``eval.sampled_samples``).
 """
 
 from __future__ import annotations
@@ -47,12 +49,23 @@ def main(run_dir: Path) -> None:
         cells = "".join(f"{_fmt(da.get(c)):>16}" for c in DA_COLUMNS)
         others = f"{_fmt(by_mode.get('da-nm', {}).get('accuracy')):>12}{_fmt(by_mode.get('vanilla', {}).get('accuracy')):>13}"
         print(f"{label:14}{cells}{others}  (n={da['n']})")
-    if "sft" in state["eval"] and "grpo" in state["eval"]:
-        sft, grpo = state["eval"]["sft"]["da"], state["eval"]["grpo"]["da"]
-        diffs = ", ".join(f"{c} {grpo[c] - sft[c]:+.3f}" for c in ("accuracy", "compliance", "kv_saving"))
-        print(f"GRPO - SFT: {diffs}")
+    _print_difference(state, "sft", "grpo")
+    if "sft_sampled" in state["eval"] or "grpo_sampled" in state["eval"]:
+        print("held-out eval, da mode (sampled at the GRPO temperature, eval.sampled_samples per example):")
+        for name, label in (("sft_sampled", "after SFT"), ("grpo_sampled", "after GRPO")):
+            if name in state["eval"]:
+                da = state["eval"][name]["da"]
+                print(f"{label:14}" + "".join(f"{_fmt(da.get(c)):>16}" for c in DA_COLUMNS) + f"  (n={da['n']})")
+        _print_difference(state, "sft_sampled", "grpo_sampled")
     walls = ", ".join(f"{k} {v:.0f} s" for k, v in state["wall_s"].items())
     print(f"wall time per phase: {walls}; total {sum(state['wall_s'].values()):.0f} s")
+
+
+def _print_difference(state: dict, before: str, after: str) -> None:
+    if before in state["eval"] and after in state["eval"]:
+        sft, grpo = state["eval"][before]["da"], state["eval"][after]["da"]
+        diffs = ", ".join(f"{c} {grpo[c] - sft[c]:+.3f}" for c in ("accuracy", "compliance", "kv_saving"))
+        print(f"GRPO - SFT: {diffs}")
 
 
 def _fmt(value) -> str:

@@ -556,6 +556,10 @@ class EvalSection(Section):
     # completions per example and mode, seeded from run.seed: the distribution GRPO trains.
     temperature: float = 0.0
     samples: int = 1
+    # Besides the evals above, after SFT and after GRPO: `da` again at grpo.temperature with this many seeded
+    # samples per example (0: off) -> eval/<phase>_sampled.json. That is the distribution GRPO trains, and
+    # where its gains show once the greedy completions are all compliant.
+    sampled_samples: int = 0
     before_training: bool = True  # evaluate the untrained model first (the baseline)
     after_sft: bool = True  # evaluate between the warm start and GRPO
 
@@ -571,6 +575,7 @@ class EvalSection(Section):
         self.at_least("max_tokens", 1)
         self.at_least("temperature", 0)
         self.at_least("samples", 1)
+        self.at_least("sampled_samples", 0)
         check(
             self.samples == 1 or self.temperature > 0,
             self.key("samples"),

@@ -6,8 +6,10 @@
     sft        warm start on gold DA traces, loss under the DA mask            -> sft/
     budget_search  (selective.search_budgets) per-layer KV budgets, paper §4   -> budget_search/
     eval                                                                        -> eval/sft.json
+               (eval.sampled_samples) and `da` sampled at the GRPO temperature -> eval/sft_sampled.json
     grpo       DA-masked GRPO (rl/grpo.py), checkpoints every N steps         -> checkpoints/, final/
     eval                                                                        -> eval/grpo.json
+               (eval.sampled_samples)                                          -> eval/grpo_sampled.json
     export     an HF model directory with heed.json, ready to serve            -> export/
     report     the HTML dashboard of the run                                   -> report.html
 
@@ -371,11 +373,10 @@ class TrainRecipe:
             if cfg.selective.search_budgets:  # before the SFT eval: SFT and GRPO are compared under them
                 self._once("budget_search", self.budget_search, every_rank=True)
             if cfg.sft.enabled and cfg.eval.after_sft:
-                self._once("eval_sft", lambda: self.evaluate("sft", step=0), every_rank=True)
+                self._evaluate_phase("sft", step=0)
             if cfg.grpo.enabled:
                 self._once("grpo", self.grpo, every_rank=True)
-                grpo_eval = lambda: self.evaluate("grpo", step=cfg.grpo.max_steps)  # noqa: E731
-                self._once("eval_grpo", grpo_eval, every_rank=True)
+                self._evaluate_phase("grpo", step=cfg.grpo.max_steps)
             if cfg.export.enabled:
                 self._once("export", self.export)
             self._once("report", self.report)
@@ -638,12 +639,24 @@ class TrainRecipe:
             os.environ.setdefault("WANDB_API_KEY", self.config.logging.wandb_api_key)
         return ["wandb"]
 
-    def evaluate(self, name: str, step: int) -> None:
-        """Held-out da / da-nm / vanilla of the current model, into ``eval/<name>.json`` and the state."""
+    def _evaluate_phase(self, phase: str, step: int) -> None:
+        """The evals after a training phase: greedy (or as eval.temperature says) in every eval mode, then,
+        with eval.sampled_samples, `da` sampled at the GRPO temperature."""
+        self._once(f"eval_{phase}", lambda: self.evaluate(phase, step=step), every_rank=True)
+        if self.config.eval.sampled_samples:
+            sampled = lambda: self.evaluate(f"{phase}_sampled", step=step, sampled=True)  # noqa: E731
+            self._once(f"eval_{phase}_sampled", sampled, every_rank=True)
+
+    def evaluate(self, name: str, step: int, *, sampled: bool = False) -> None:
+        """Held-out da / da-nm / vanilla of the current model, into ``eval/<name>.json`` and the state;
+        ``sampled``: `da` only, eval.sampled_samples completions per example at grpo.temperature."""
         from rl.evaluate import evaluate
         from rl.grpo import named_parameters_gathered
 
         cfg = self.config
+        modes, temperature, samples = tuple(cfg.eval.modes), cfg.eval.temperature, cfg.eval.samples
+        if sampled:
+            modes, temperature, samples = ("da",), cfg.grpo.temperature, cfg.eval.sampled_samples
         weights = None
         if self.ranks.is_main or _partitioned(self.model):  # ZeRO-3: every rank takes part in the gathers
             weights = list(named_parameters_gathered(self.model))
@@ -654,15 +667,15 @@ class TrainRecipe:
                 self.eval_rows,
                 self.pool.generate,
                 self.tokenizer,
-                modes=tuple(cfg.eval.modes),
+                modes=modes,
                 block_size=cfg.run.block_size,
                 thinking=cfg.run.thinking,
                 layout_style=cfg.run.layout_style,
                 instructions=cfg.run.instructions,
                 max_tokens=cfg.eval.max_tokens,
                 reward_config=cfg.rewards,
-                temperature=cfg.eval.temperature,
-                samples=cfg.eval.samples,
+                temperature=temperature,
+                samples=samples,
                 seed=cfg.run.seed,
             )
             self.writer.write_eval(name, step, report.results())

@@ -19,7 +19,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class GoldForcedRollout:
     """A DARollout whose even slots start with the gold trace (mixin over the real class, built below);
-    odd slots sample freely, so each GRPO group has a reward spread and the step really updates."""
+    odd slots sample freely, so each GRPO group has a reward spread and the step really updates. Keeps the
+    first batch's trajectories (``first``): the engine's log-probs in them are the untrained policy's."""
+
+    first = None
+
+    def __call__(self, prompts, trainer):
+        out = super().__call__(prompts, trainer)
+        self.first = self.first or out["trajectory"]
+        return out
 
     def requests(self, example_ids, trainer):
         requests = super().requests(example_ids, trainer)
@@ -51,6 +59,7 @@ def main(mode: str, port: str, out: Path) -> None:
     from rewards.trl_rewards import trl_reward_functions
     from rl.distributed import release_process_group
     from rl.grpo import DARollout, HeedGRPOTrainer
+    from rl.logprobs import completion_logprobs, pack
     from rollouts.pool import PoolConfig, RolloutPool
     from tests.rollouts.conftest import save_tiny_qwen3
 
@@ -81,13 +90,21 @@ def main(mode: str, port: str, out: Path) -> None:
             use_cpu=True, bf16=False, save_strategy="no", reward_weights=weights, deepspeed=deepspeed,
             temperature=1.0, beta=0.0, seed=0,
         )  # fmt: skip
+        rollout = rollout_cls(pool, rows, tokenizer)
         trainer = HeedGRPOTrainer(
             model=model, args=args, train_dataset=Dataset.from_dict({"prompt": list(rows)}),
-            reward_funcs=funcs, processing_class=tokenizer, rollout=rollout_cls(pool, rows, tokenizer),
-            da_mask=da_mask,
+            reward_funcs=funcs, processing_class=tokenizer, rollout=rollout, da_mask=da_mask,
         )  # fmt: skip
         trainer.train()
         history = [h for h in trainer.state.log_history if "loss" in h]
+        # the first batch again, under the trained weights (plain runs: the model trained in place)
+        first = rollout.first
+        shift = []
+        if mode == "plain":
+            packed = pack([t.trace for t in first], [t.completion_ids for t in first], tokenizer.pad_token_id)
+            with torch.no_grad():
+                after = completion_logprobs(model, packed).sum(-1) / packed.completion_mask.sum(-1)
+            shift = [float(a) - sum(t.logprobs) / len(t.logprobs) for a, t in zip(after, first)]
         print("RESULT " + json.dumps({
             "da_mask": da_mask,
             "steps": trainer.state.global_step,
@@ -98,6 +115,8 @@ def main(mode: str, port: str, out: Path) -> None:
             "loss": [h["loss"] for h in history],
             "grad_norm": [h["grad_norm"] for h in history],
             "accuracy": [h["rewards/accuracy_reward/mean"] for h in history],
+            # per first-batch completion (even slots gold): mean per-token log-prob, trained minus untrained
+            "logp_shift": shift,
         }), flush=True)  # fmt: skip
     pool.shutdown()
     release_process_group()

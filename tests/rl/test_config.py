@@ -104,6 +104,7 @@ def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
         ("eval.modes=[da, sideways]", "eval.modes[1]"),
         ("eval.samples=4", "eval.samples"),  # greedy samples are one completion repeated
         ("eval.temperature=-1", "eval.temperature"),
+        ("eval.sampled_samples=-2", "eval.sampled_samples"),
         ("rollout.engine_kwargs.block_size=16", "rollout.engine_kwargs.block_size"),
         ("rewards.mfu=2", "rewards.mfu"),
         ("model.tiny.head_dim=16", "model.tiny"),

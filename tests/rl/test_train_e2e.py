@@ -25,6 +25,7 @@ OVERRIDES = [
     "data.build.lengths=[256]",
     "data.eval_examples=0",
     "eval.max_tokens=24",
+    "eval.sampled_samples=2",
     "logging.wandb_mode=offline",
     "logging.wandb_api_key=test-key-5b1f",  # a secret: accepted, never written back
 ]
@@ -52,9 +53,12 @@ def train_run(run_dir, config: str, *overrides):
 def test_every_phase_ran_and_left_its_output(run_dir):
     state = json.loads((run_dir / "state.json").read_text())
     assert state["completed"] == [
-        "eval_init", "copy_warmup", "sft", "eval_sft", "grpo", "eval_grpo", "export", "report"
+        "eval_init", "copy_warmup", "sft", "eval_sft", "eval_sft_sampled", "grpo", "eval_grpo",
+        "eval_grpo_sampled", "export", "report",
     ]  # fmt: skip
-    assert sorted(p.name for p in (run_dir / "eval").glob("*.json")) == ["grpo.json", "init.json", "sft.json"]
+    assert sorted(p.name for p in (run_dir / "eval").glob("*.json")) == [
+        "grpo.json", "grpo_sampled.json", "init.json", "sft.json", "sft_sampled.json"
+    ]  # fmt: skip
     for phase in ("copy_warmup", "sft", "final"):
         assert (run_dir / phase / "model.safetensors").is_file()
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -77,9 +81,9 @@ def test_export_is_a_thinking_model_that_reproduces_the_final_eval(run_dir, tmp_
     assert again == during
 
 
-def served_and_final_eval(run_dir, out, *eval_args) -> tuple[list, list]:
+def served_and_final_eval(run_dir, out, *eval_args, name: str = "grpo") -> tuple[list, list]:
     """`heed eval` of the run's export on its test split (``eval_args`` added), and the run's own final
-    eval: their results as comparable sorted rows."""
+    eval ``eval/<name>.json``: their results as comparable sorted rows."""
     served = subprocess.run(
         [sys.executable, "-m", "rl.cli", "eval", str(run_dir / "export"), "--data", str(run_dir / "data"),
          "--split", "test", "--max-tokens", "24", "--out", str(out), *eval_args],
@@ -90,9 +94,22 @@ def served_and_final_eval(run_dir, out, *eval_args) -> tuple[list, list]:
     keys = ("mode", "task", "n", "accuracy", "kv_tokens", "kv_tokens_vanilla", "decode_steps")
     again = sorted(tuple(r[k] for k in keys) for r in json.loads(out.read_text())["results"])
     during = sorted(
-        tuple(r[k] for k in keys) for r in json.loads((run_dir / "eval/grpo.json").read_text())["results"]
+        tuple(r[k] for k in keys) for r in json.loads((run_dir / f"eval/{name}.json").read_text())["results"]
     )
     return again, during
+
+
+def test_the_sampled_eval_is_da_at_the_grpo_temperature_and_served_alike(run_dir, tmp_path):
+    """eval.sampled_samples: `da` alone, two seeded samples per example at grpo.temperature (1.0 in the
+    thinking config), which `heed eval` of the export reproduces with the same seed."""
+    greedy = json.loads((run_dir / "eval/grpo.json").read_text())["results"]
+    sampled = json.loads((run_dir / "eval/grpo_sampled.json").read_text())["results"]
+    assert {r["mode"] for r in sampled} == {"da"}
+    n_greedy = sum(r["n"] for r in greedy if r["mode"] == "da")
+    assert sum(r["n"] for r in sampled) == 2 * n_greedy
+    args = ("--modes", "da", "--temperature", "1.0", "--samples", "2", "--seed", "0")
+    again, during = served_and_final_eval(run_dir, tmp_path / "sampled.json", *args, name="grpo_sampled")
+    assert again == during
 
 
 def test_the_report_of_a_trained_run_draws_its_metrics(run_dir):
