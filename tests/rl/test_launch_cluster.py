@@ -47,6 +47,7 @@ BASE = [
     "eval.modes=[da]",
     "eval.max_tokens=24",
     "eval.before_training=false",
+    "eval.sampled_samples=0",
     "eval.after_sft=false",
     "logging.wandb_mode=disabled",
     "rollout.num_actors=2",

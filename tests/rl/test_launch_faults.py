@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 BASE = [
     "sft.enabled=false",
     "eval.before_training=false",
+    "eval.sampled_samples=0",
     "grpo.prompts_per_step=2",
     "grpo.num_generations=2",
     "grpo.log_trajectories=1",

@@ -43,6 +43,7 @@ OVERRIDES = [
     "eval.modes=[da]",
     "eval.max_tokens=24",
     "eval.before_training=false",
+    "eval.sampled_samples=0",
     "logging.wandb_mode=disabled",
 ]
 GLOBAL_SFT_BATCH = 4

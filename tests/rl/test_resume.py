@@ -23,6 +23,7 @@ STEPS = 6
 OVERRIDES = [
     "sft.enabled=false",
     "eval.before_training=false",
+    "eval.sampled_samples=0",
     f"grpo.max_steps={STEPS}",
     "grpo.save_steps=2",
     "grpo.prompts_per_step=2",
