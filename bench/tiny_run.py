@@ -63,8 +63,8 @@ def main(run_dir: Path) -> None:
 
 def _print_difference(state: dict, before: str, after: str) -> None:
     if before in state["eval"] and after in state["eval"]:
-        sft, grpo = state["eval"][before]["da"], state["eval"][after]["da"]
-        diffs = ", ".join(f"{c} {grpo[c] - sft[c]:+.3f}" for c in ("accuracy", "compliance", "kv_saving"))
+        first, then = state["eval"][before]["da"], state["eval"][after]["da"]
+        diffs = ", ".join(f"{c} {then[c] - first[c]:+.3f}" for c in ("accuracy", "compliance", "kv_saving"))
         print(f"GRPO - SFT: {diffs}")
 
 
