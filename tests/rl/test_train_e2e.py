@@ -25,7 +25,6 @@ OVERRIDES = [
     "data.build.lengths=[256]",
     "data.eval_examples=0",
     "eval.max_tokens=24",
-    "eval.sampled_samples=2",
     "logging.wandb_mode=offline",
     "logging.wandb_api_key=test-key-5b1f",  # a secret: accepted, never written back
 ]
@@ -35,7 +34,7 @@ OVERRIDES = [
 def run_dir(tmp_path_factory):
     return train_run(
         tmp_path_factory.mktemp("e2e") / "thinking", "configs/tiny-thinking.yaml", *OVERRIDES,
-        "sft.copy_warmup_steps=3", "sft.copy_warmup_span=8",
+        "sft.copy_warmup_steps=3", "sft.copy_warmup_span=8", "eval.sampled_samples=2",
     )  # fmt: skip
 
 
