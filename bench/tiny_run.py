@@ -45,20 +45,22 @@ def main(run_dir: Path) -> None:
         by_mode = state["eval"].get(name)
         if not by_mode:
             continue
-        da = by_mode["da"]
-        cells = "".join(f"{_fmt(da.get(c)):>16}" for c in DA_COLUMNS)
         others = f"{_fmt(by_mode.get('da-nm', {}).get('accuracy')):>12}{_fmt(by_mode.get('vanilla', {}).get('accuracy')):>13}"
-        print(f"{label:14}{cells}{others}  (n={da['n']})")
+        _print_row(label, by_mode["da"], others)
     _print_difference(state, "sft", "grpo")
     if "sft_sampled" in state["eval"] or "grpo_sampled" in state["eval"]:
         print("held-out eval, da mode (sampled at the GRPO temperature, eval.sampled_samples per example):")
         for name, label in (("sft_sampled", "after SFT"), ("grpo_sampled", "after GRPO")):
             if name in state["eval"]:
-                da = state["eval"][name]["da"]
-                print(f"{label:14}" + "".join(f"{_fmt(da.get(c)):>16}" for c in DA_COLUMNS) + f"  (n={da['n']})")
+                _print_row(label, state["eval"][name]["da"])
         _print_difference(state, "sft_sampled", "grpo_sampled")
     walls = ", ".join(f"{k} {v:.0f} s" for k, v in state["wall_s"].items())
     print(f"wall time per phase: {walls}; total {sum(state['wall_s'].values()):.0f} s")
+
+
+def _print_row(label: str, da: dict, others: str = "") -> None:
+    cells = "".join(f"{_fmt(da.get(c)):>16}" for c in DA_COLUMNS)
+    print(f"{label:14}{cells}{others}  (n={da['n']})")
 
 
 def _print_difference(state: dict, before: str, after: str) -> None:

@@ -388,13 +388,13 @@ class TrainRecipe:
             self.print_summary()
         return self.state
 
-    def _once(self, phase: str, fn, *, every_rank: bool = False) -> None:
+    def _once(self, phase: str, fn, *, every_rank: bool = False) -> bool:
         """Run ``phase`` unless it finished earlier: on every trainer rank (``every_rank``), else on rank 0
-        while the others wait."""
+        while the others wait. Returns whether it ran."""
         if phase in self.state["completed"]:
             if self.ranks.is_main:
                 console.print(f"[dim]{phase}: done earlier, skipped[/]")
-            return
+            return False
         with self._phase_timer(phase):
             if every_rank:
                 fn()
@@ -403,6 +403,7 @@ class TrainRecipe:
                 self.ranks.on_main(fn)
         self.state["completed"].append(phase)
         self._save_state()
+        return True
 
     @contextmanager
     def _phase_timer(self, phase: str):
@@ -642,14 +643,18 @@ class TrainRecipe:
     def _evaluate_phase(self, phase: str, step: int) -> None:
         """The evals after a training phase: greedy (or as eval.temperature says) in every eval mode, then,
         with eval.sampled_samples, `da` sampled at the GRPO temperature."""
-        self._once(f"eval_{phase}", lambda: self.evaluate(phase, step=step), every_rank=True)
+        pushed = self._once(f"eval_{phase}", lambda: self.evaluate(phase, step=step), every_rank=True)
         if self.config.eval.sampled_samples:
-            sampled = lambda: self.evaluate(f"{phase}_sampled", step=step, sampled=True)  # noqa: E731
+            # the pool holds these weights already when the greedy eval has just run (not on a resume)
+            sampled = lambda: self.evaluate(  # noqa: E731
+                f"{phase}_sampled", step=step, sampled=True, push_weights=not pushed
+            )
             self._once(f"eval_{phase}_sampled", sampled, every_rank=True)
 
-    def evaluate(self, name: str, step: int, *, sampled: bool = False) -> None:
+    def evaluate(self, name: str, step: int, *, sampled: bool = False, push_weights: bool = True) -> None:
         """Held-out da / da-nm / vanilla of the current model, into ``eval/<name>.json`` and the state;
-        ``sampled``: `da` only, eval.sampled_samples completions per example at grpo.temperature."""
+        ``sampled``: `da` only, eval.sampled_samples completions per example at grpo.temperature.
+        ``push_weights=False``: the pool already holds the current weights."""
         from rl.evaluate import evaluate
         from rl.grpo import named_parameters_gathered
 
@@ -658,11 +663,12 @@ class TrainRecipe:
         if sampled:
             modes, temperature, samples = ("da",), cfg.grpo.temperature, cfg.eval.sampled_samples
         weights = None
-        if self.ranks.is_main or _partitioned(self.model):  # ZeRO-3: every rank takes part in the gathers
+        if push_weights and (self.ranks.is_main or _partitioned(self.model)):  # ZeRO-3: every rank gathers
             weights = list(named_parameters_gathered(self.model))
 
         def on_rank0():
-            self.pool.update_weights(weights)
+            if push_weights:
+                self.pool.update_weights(weights)
             report = evaluate(
                 self.eval_rows,
                 self.pool.generate,
