@@ -99,14 +99,18 @@ def served_and_final_eval(run_dir, out, *eval_args, name: str = "grpo") -> tuple
 
 
 def test_the_sampled_eval_is_da_at_the_grpo_temperature_and_served_alike(run_dir, tmp_path):
-    """eval.sampled_samples: `da` alone, two seeded samples per example at grpo.temperature (1.0 in the
-    thinking config), which `heed eval` of the export reproduces with the same seed."""
+    """eval.sampled_samples: `da` alone, two seeded samples per example at grpo.temperature (from the run's
+    saved config), which `heed eval` of the export reproduces with the same seed."""
+    import yaml
+
+    temperature = yaml.safe_load((run_dir / "config.yaml").read_text())["grpo"]["temperature"]
+    assert temperature > 0
     greedy = json.loads((run_dir / "eval/grpo.json").read_text())["results"]
     sampled = json.loads((run_dir / "eval/grpo_sampled.json").read_text())["results"]
     assert {r["mode"] for r in sampled} == {"da"}
     n_greedy = sum(r["n"] for r in greedy if r["mode"] == "da")
     assert sum(r["n"] for r in sampled) == 2 * n_greedy
-    args = ("--modes", "da", "--temperature", "1.0", "--samples", "2", "--seed", "0")
+    args = ("--modes", "da", "--temperature", str(temperature), "--samples", "2", "--seed", "0")
     again, during = served_and_final_eval(run_dir, tmp_path / "sampled.json", *args, name="grpo_sampled")
     assert again == during
 
