@@ -576,11 +576,12 @@ class EvalSection(Section):
         self.at_least("temperature", 0)
         self.at_least("samples", 1)
         self.at_least("sampled_samples", 0)
-        check(
-            self.samples == 1 or self.temperature > 0,
-            self.key("samples"),
-            f"{self.samples} samples at temperature 0 are one greedy completion repeated: set eval.temperature",
-        )
+        from rl.evaluate import EvalError, check_sampling  # the eval's own rule, one definition
+
+        try:
+            check_sampling(self.temperature, self.samples)
+        except EvalError as err:
+            raise ConfigError(f"{self.key('samples')}: {err}") from None
 
 
 @dataclass

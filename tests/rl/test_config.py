@@ -96,7 +96,7 @@ def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
         ("sft.copy_warmup_span=1", "sft.copy_warmup_span"),
         ("sft.copy_warmup_steps=-1", "sft.copy_warmup_steps"),
         ("grpo.max_steps=ten", "grpo.max_steps"),
-        ("grpo.warmup_steps=5", "grpo.warmup_steps"),  # the constant scheduler would ignore it
+        ("grpo.lr_scheduler_type=constant", "grpo.warmup_steps"),  # it would ignore the 5 warm-up steps
         ("model.attn_implementation=eager", "model.attn_implementation"),
         ("curriculum.task_mix.niah_singel=1", "curriculum.task_mix.niah_singel"),
         ("curriculum.task_mix.niah_multivalue=1", "curriculum.task_mix.niah_multivalue"),  # not built
