@@ -101,9 +101,9 @@ def served_and_final_eval(run_dir, out, *eval_args, name: str = "grpo") -> tuple
 def test_the_sampled_eval_is_da_at_the_grpo_temperature_and_served_alike(run_dir, tmp_path):
     """eval.sampled_samples: `da` alone, two seeded samples per example at grpo.temperature (from the run's
     saved config), which `heed eval` of the export reproduces with the same seed."""
-    import yaml
+    from rl.config import load_run_config
 
-    temperature = yaml.safe_load((run_dir / "config.yaml").read_text())["grpo"]["temperature"]
+    temperature = load_run_config(run_dir / "config.yaml").grpo.temperature
     assert temperature > 0
     greedy = json.loads((run_dir / "eval/grpo.json").read_text())["results"]
     sampled = json.loads((run_dir / "eval/grpo_sampled.json").read_text())["results"]
