@@ -1,15 +1,16 @@
 """Rewards for DA post-training: accuracy, gated KV-read efficiency, protocol compliance, coverage.
 
-- ``accuracy``: per-example graders (RULER string match, exact, F1, numeric, math-verify) of the
-  parsed ``<answer>``.
-- ``efficiency``: ``1 - attended / vanilla`` KV reads in tokens, bytes or roofline decoding time.
+- ``accuracy``: per-example graders (RULER string match with a precision check, exact, F1, numeric,
+  math-verify) of the parsed ``<answer>``; ``ruler_grade`` is RULER's own metric, for evals.
+- ``efficiency``: KV reads in tokens, bytes or roofline decoding time: the paper's saving
+  ``1 - attended / vanilla`` and the reward's ``1 - attended / budget`` (writing more never raises it).
 - ``compliance``: protocol compliance and evidence coverage from the parser's result.
 - ``composite``: the weighted, gated total with every component and counted reasons, over
   trajectories; ``config``: its documented, validated configuration.
 - ``trl_rewards``: the same as TRL reward functions (``prompts, completions, **columns``).
 """
 
-from .accuracy import METRICS, Grade, GraderOptions, Ungradable, grade
+from .accuracy import METRICS, Grade, GraderOptions, Ungradable, grade, ruler_grade
 from .compliance import compliance, evidence_coverage, narrowed_chunks
 from .composite import (
     COMPONENTS,
@@ -20,7 +21,16 @@ from .composite import (
     score_trajectory,
 )
 from .config import RewardConfig
-from .efficiency import EFFICIENCY_UNITS, DecodeCost, KVReads, Roofline, decode_seconds, kv_bytes, kv_saving
+from .efficiency import (
+    EFFICIENCY_UNITS,
+    DecodeCost,
+    KVReads,
+    Roofline,
+    budget_efficiency,
+    decode_seconds,
+    kv_bytes,
+    kv_saving,
+)
 from .trl_rewards import (
     ComponentReward,
     DAReward,
@@ -49,6 +59,7 @@ __all__ = [
     "Roofline",
     "Ungradable",
     "accuracy_reward",
+    "budget_efficiency",
     "completion_text",
     "compliance",
     "compliance_reward",
@@ -61,6 +72,7 @@ __all__ = [
     "kv_bytes",
     "kv_saving",
     "narrowed_chunks",
+    "ruler_grade",
     "score_parsed",
     "score_trajectories",
     "score_trajectory",

@@ -22,10 +22,28 @@ so an answer written anywhere else earns nothing. Scores are in ``[0, 1]``.
 - ``math``: Hugging Face's ``math-verify`` (LaTeX or plain expressions, symbolic equivalence).
 
 Substring metrics only measure recall, so a policy could stuff every candidate into its answer
-("1 2 3 ... 100" contains any reference number). RULER is protected from that by its tiny generation
-budget (32-128 tokens); an ``<answer>`` has no budget, so every grader first applies a length guard: an
-answer longer than ``length_factor x reference length + length_slack`` characters scores 0 (reference
-length: the longest acceptable answer, or for ``string_match_all`` all required values joined by ``", "``).
+("1 2 3 ... 100" contains any reference number, "2003 2011 8" contains the year asked for). RULER is an
+evaluation metric for free-form output, protected by its tiny generation budget (32-128 tokens); as an
+RL reward it pays for listing every value the policy saw. So the reward adds two guards:
+
+- **precision** (``GraderOptions.strict``, on by default): for ``string_match_all`` / ``string_match_part``
+  an answer that holds a *candidate* which is not a reference scores 0 (reason ``extra_candidates``),
+  and a reference with a shape counts as found only as one of the candidates.
+  A candidate is a substring of the answer with the shape of the references: a number (a maximal run
+  of ASCII digits, with an optional decimal part) when some reference is a number (needles, RULER's
+  magic numbers), an upper-case identifier (a whole word of at least two characters from ``A-Z``,
+  digits and ``_``, starting with a letter: ``QXWRT``, and also ``VAR``) when some reference is one
+  (variable tracking). Template words ("The special magic number is") have neither shape, so they are
+  never candidates. A candidate equals a reference ignoring case: ``"4715293 (1234567)"`` against
+  ``["4715293"]`` scores 0, and so does a numbered list ``"1. 4715293"``. References of other shapes
+  (words, phrases, uuids) define no candidates: those are graded by recall alone, as RULER grades
+  them, within the length guard.
+- **length** (every grader): an answer longer than ``length_factor x reference length + length_slack``
+  characters scores 0 (reference length: the longest acceptable answer, or for ``string_match_all`` all
+  required values joined by ``", "``).
+
+:func:`ruler_grade` grades without either guard: RULER's own metric, which evaluation reports beside the
+reward's accuracy (``accuracy_ruler``) so results stay comparable with RULER's.
 
 A grader signals an answer it cannot grade by raising :class:`Ungradable` with a short reason;
 :func:`grade` turns that (and any other error) into a score of 0 and the reason, and never raises.
@@ -40,7 +58,7 @@ import string
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -71,6 +89,11 @@ class GraderOptions:
     length_factor: float = 4.0
     length_slack: int = 32
     math_timeout_s: int = 5
+    strict: bool = True  # string_match_*: an answer holding a candidate that is not a reference scores 0
+
+    def ruler(self) -> GraderOptions:
+        """These options without the reward's guards (precision, length): RULER's own metric."""
+        return replace(self, strict=False, length_factor=math.inf)
 
 
 # -- RULER -------------------------------------------------------------------------------------------
@@ -109,6 +132,58 @@ def string_match_part(pred: str, refs: Sequence[str]) -> float:
     """
     pred = ruler_postprocess(pred).lower()
     return max(1.0 if r.lower() in pred else 0.0 for r in refs)
+
+
+# Candidate shapes: (what a whole reference of that shape matches, where a candidate sits in an answer)
+_SHAPES = (
+    (re.compile(r"[0-9]+(?:\.[0-9]+)?"), re.compile(r"(?<![0-9])[0-9]+(?:\.[0-9]+)?")),  # numbers
+    (
+        re.compile(r"[A-Z][A-Z0-9_]+"),
+        re.compile(r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9_]+(?![A-Za-z0-9_])"),
+    ),  # QXWRT
+)
+
+
+def _shape(ref: str) -> int | None:
+    """Index in ``_SHAPES`` of the reference's shape; ``None`` for words, phrases and anything else."""
+    return next((i for i, (whole, _) in enumerate(_SHAPES) if whole.fullmatch(ref.strip())), None)
+
+
+def candidates(pred: str, refs: Sequence[str]) -> list[str]:
+    """Substrings of ``pred`` with the shape of some reference (see the module docstring), by shape,
+    then in text order.
+
+    >>> candidates("The special magic numbers are 4715293 and 12.", ["4715293"])
+    ['4715293', '12']
+    >>> candidates("VAR QXWRT = 48213, so I say QXWRT.", ["QXWRT", "BLOPA"]), candidates("Paris", ["Paris"])
+    (['VAR', 'QXWRT', 'QXWRT'], [])
+    """
+    shapes = sorted({i for i in map(_shape, refs) if i is not None})
+    return [m.group() for i in shapes for m in _SHAPES[i][1].finditer(pred)]
+
+
+def strict_string_match(pred: str, refs: Sequence[str], require_all: bool) -> float:
+    """RULER's string match that also pays precision: every candidate must be a reference
+    (``Ungradable("extra_candidates")`` otherwise), and a reference with a shape is found when it is
+    one of the candidates (so ``qxwrt`` or ``4715293x1`` do not find it); a reference without a shape is
+    found as RULER finds it, as a substring. ``require_all``: ``string_match_all`` (the fraction found),
+    else ``string_match_part`` (1 when any is found).
+
+    >>> strict_string_match("2003, 2011", ["2003", "2011"], require_all=True)
+    1.0
+    >>> strict_string_match("The number is 2003 or 2011.", ["2011"], require_all=False)
+    Traceback (most recent call last):
+    ...
+    rewards.accuracy.Ungradable: extra_candidates
+    """
+    pred = ruler_postprocess(pred)
+    found = {c.casefold() for c in candidates(pred, refs)}
+    if found - {r.strip().casefold() for r in refs}:
+        raise Ungradable("extra_candidates")
+    hits = [
+        r.strip().casefold() in found if _shape(r) is not None else r.lower() in pred.lower() for r in refs
+    ]
+    return sum(hits) / len(hits) if require_all else float(any(hits))
 
 
 # -- SQuAD -------------------------------------------------------------------------------------------
@@ -269,10 +344,11 @@ def _parse_math(text: str, timeout: int | None) -> tuple:
 
 def _grader(metric: str, options: GraderOptions) -> Callable[[str, Sequence[str]], float]:
     """The grader of a metric in ``METRICS``."""
-    if metric == "string_match_all":
-        return string_match_all
-    if metric == "string_match_part":
-        return string_match_part
+    if metric in ("string_match_all", "string_match_part"):
+        require_all = metric == "string_match_all"
+        if options.strict:
+            return lambda p, r: strict_string_match(p, r, require_all)
+        return string_match_all if require_all else string_match_part
     if metric == "exact":
         return exact_match
     if metric == "f1":
@@ -301,6 +377,8 @@ def grade(answer: object, answers: object, metric: object, options: GraderOption
     Grade(score=0.0, reason='no_answer')
     >>> grade(" ".join(map(str, range(1, 101))), ["42"], "string_match_part")
     Grade(score=0.0, reason='answer_too_long')
+    >>> grade("42 or 43", ["42"], "string_match_part")
+    Grade(score=0.0, reason='extra_candidates')
     """
     if answer is None:
         return Grade(0.0, "no_answer")
@@ -323,6 +401,18 @@ def grade(answer: object, answers: object, metric: object, options: GraderOption
     if len(answer) > options.length_factor * reference_length(refs, metric) + options.length_slack:
         return Grade(0.0, "answer_too_long")  # before the cache: stuffed answers can be long
     return _grade(answer, tuple(refs), metric, options)
+
+
+def ruler_grade(
+    answer: object, answers: object, metric: object, options: GraderOptions = GraderOptions()
+) -> Grade:
+    """:func:`grade` without the reward's precision and length guards: RULER's own metric on
+    ``string_match_*`` (the other metrics grade as the reward does, minus the length guard).
+
+    >>> ruler_grade("42 or 43", ["42"], "string_match_part")
+    Grade(score=1.0, reason=None)
+    """
+    return grade(answer, answers, metric, options.ruler())
 
 
 @lru_cache(maxsize=1 << 16)  # GRPO groups repeat answers; math-verify costs milliseconds per call

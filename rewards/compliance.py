@@ -3,7 +3,8 @@
 **Compliance** is 1 when the completion follows the DA protocol and 0 otherwise. It follows it when
 
 1. the parser recorded no violation (``ParsedCompletion.violations``: malformed or unknown chunk ids,
-   nested or unclosed modes, tags inside the answer, text after it, ...);
+   nested or unclosed modes, malformed tags such as ``</focus junk`` (protocol v2), tags inside the
+   answer, text after it, ...);
 2. it narrowed its attention at least once when the example names evidence chunks: some ``focus``
    segment lists fewer than all the chunks. A focus on every chunk is ``global`` under another name
    (it reads exactly what ``global`` reads), so it neither counts as a focus nor covers evidence;

@@ -5,15 +5,19 @@ it (:func:`score_trajectory` from a rollout's :class:`~rollouts.trajectory.Traje
 reward functions in ``rewards/trl_rewards.py`` from dataset columns)::
 
     total = accuracy_weight   * accuracy                       graded <answer>, in [0, 1]
-          + efficiency_weight * efficiency                     1 - attended/vanilla, gated (below)
+          + efficiency_weight * efficiency                     1 - attended/budget, gated (below)
           + compliance_weight * compliance                     0 or 1
           + coverage_weight   * coverage                       evidence chunks focused, 0 when unknown
 
-The efficiency term is *gated*: it pays the saving only when the answer is right
-(``accuracy >= efficiency_min_accuracy``), the completion follows the protocol
-(``efficiency_requires_compliance``) and, optionally, the evidence was focused
+The efficiency term measures the completion's KV reads against a per-example budget (what vanilla
+attention reads over ``efficiency_reference_tokens`` steps from this prompt,
+``rewards.efficiency.budget_efficiency``), so appending text never raises the total;
+``efficiency_reference="completion"`` pays the paper's relative saving instead. It is *gated*: it pays
+only when the answer is right (``accuracy >= efficiency_min_accuracy``), the completion follows the
+protocol (``efficiency_requires_compliance``) and, optionally, the evidence was focused
 (``efficiency_min_coverage``); otherwise it pays 0. Without the gates the cheapest policy is to read
-nothing and guess. ``kv_saving`` reports the ungated saving for dashboards.
+nothing and guess. ``kv_saving`` reports the ungated relative saving (the paper's) for dashboards, and
+``accuracy_ruler`` the answer graded by RULER's own metric (recall only, no length guard) for evals.
 
 Bad input never raises; it gets a defined score and a reason (``RewardBreakdown.reasons``, counted
 over a batch in ``RewardBatch.reasons``):
@@ -25,7 +29,8 @@ over a batch in ``RewardBatch.reasons``):
   ``no_number``, ...); accuracy 0.
 - ``compliance/<violation kind>`` or ``compliance/no_focus``; compliance 0.
 - ``efficiency/no_kv_accounting``, ``efficiency/bad_kv_accounting``: saving unknown, efficiency 0;
-  ``efficiency/gated:accuracy|compliance|coverage``: the saving was withheld.
+  ``efficiency/no_prompt_len``: the budget needs the prompt length and the accounting lacks it,
+  efficiency 0; ``efficiency/gated:accuracy|compliance|coverage``: the efficiency was withheld.
 - ``internal_error``: a bug in this package; everything 0 (and logged).
 """
 
@@ -40,10 +45,10 @@ from numbers import Integral
 from rollouts.protocol import ParsedCompletion
 from rollouts.trajectory import Trajectory
 
-from .accuracy import grade
+from .accuracy import grade, ruler_grade
 from .compliance import compliance, evidence_coverage
 from .config import DEFAULT_CONFIG, RewardConfig
-from .efficiency import DecodeCost, KVReads, kv_saving
+from .efficiency import DecodeCost, KVReads, budget_efficiency, kv_saving
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +62,12 @@ class RewardBreakdown:
 
     total: float
     accuracy: float
-    efficiency: float  # the gated saving the total pays
+    efficiency: float  # the gated efficiency the total pays (RewardConfig.efficiency_reference)
     compliance: float
     coverage: float | None  # None: the example does not know its evidence chunks
     kv_saving: float | None  # ungated 1 - attended/vanilla in the configured unit; None: unknown
     reasons: tuple[str, ...] = ()
+    accuracy_ruler: float = 0.0  # the answer under RULER's own metric (recall only, no length guard); unpaid
 
 
 @dataclass
@@ -113,15 +119,17 @@ def score_parsed(
     >>> import numpy as np
     >>> from rollouts.protocol import parse_completion
     >>> example = {"answers": ["8"], "metric": "numeric", "evidence_chunks": [2, 7]}
-    >>> reads = KVReads(np.array([100, 21, 22, 60]), np.array([100, 101, 102, 103]))  # saves 0.5
+    >>> reads = KVReads(np.array([100, 21, 22, 60]), np.array([100, 101, 102, 103]), prompt_len=100)
     >>> parsed = parse_completion('<focus magic_chunks="2,7">2003, 2011</focus><answer>8 years</answer>', 7)
-    >>> score_parsed(parsed, example, reads, num_chunks=7)
-    RewardBreakdown(total=1.75, accuracy=1.0, efficiency=0.5, compliance=1.0, coverage=1.0, kv_saving=0.5, reasons=())
+    >>> config = RewardConfig(efficiency_reference_tokens=4)  # a budget of 4 vanilla steps: 406 KV tokens
+    >>> score_parsed(parsed, example, reads, num_chunks=7, config=config)
+    RewardBreakdown(total=1.75, accuracy=1.0, efficiency=0.5, compliance=1.0, coverage=1.0, kv_saving=0.5, reasons=(), accuracy_ruler=1.0)
     >>> score_parsed(parse_completion("<answer>9 years</answer>", 7), example, reads, num_chunks=7).reasons
     ('compliance/no_focus', 'efficiency/gated:accuracy')
     """
     reasons = [] if reasons is None else reasons
     saving = _saving(reads, config, cost, reasons)
+    measured = _efficiency(reads, saving, config, cost, reasons)
     evidence = _evidence(example, num_chunks, reasons)
     if finish_reason != "stop":
         reasons.append("input/truncated" if finish_reason == "length" else "input/rollout_error")
@@ -130,13 +138,16 @@ def score_parsed(
         return zero_reward(reasons, saving, 0.0 if evidence else None)
 
     missing = [name for name in ("answers", "metric") if example.get(name) is None]
+    ruler = 0.0
     if missing:
         accuracy, why = 0.0, None
         reasons += [f"input/missing_column:{name}" for name in missing]
-    elif _ANSWER_COUNT_VIOLATIONS.intersection(v.kind for v in parsed.violations):
-        accuracy, why = 0.0, "multiple_answers"  # the first of two answers must not count
     else:
-        accuracy, why = grade(parsed.answer, example["answers"], example["metric"], config.grader_options)
+        ruler = ruler_grade(parsed.answer, example["answers"], example["metric"], config.grader_options).score
+        if _ANSWER_COUNT_VIOLATIONS.intersection(v.kind for v in parsed.violations):
+            accuracy, why = 0.0, "multiple_answers"  # the first of two answers must not count
+        else:
+            accuracy, why = grade(parsed.answer, example["answers"], example["metric"], config.grader_options)
     if why:
         reasons.append(f"accuracy/{why}")
 
@@ -144,7 +155,7 @@ def score_parsed(
     reasons += [f"compliance/{b}" for b in broken]
     coverage = evidence_coverage(parsed, evidence, num_chunks)
 
-    efficiency = saving or 0.0
+    efficiency = measured or 0.0
     if accuracy < config.efficiency_min_accuracy:
         efficiency, gate = 0.0, "accuracy"
     elif config.efficiency_requires_compliance and follows < 1.0:
@@ -153,7 +164,7 @@ def score_parsed(
         efficiency, gate = 0.0, "coverage"
     else:
         gate = None
-    if gate and saving:
+    if gate and measured:
         reasons.append(f"efficiency/gated:{gate}")
 
     total = (
@@ -162,7 +173,7 @@ def score_parsed(
         + config.compliance_weight * follows
         + config.coverage_weight * (coverage or 0.0)
     )
-    return RewardBreakdown(total, accuracy, efficiency, follows, coverage, saving, tuple(reasons))
+    return RewardBreakdown(total, accuracy, efficiency, follows, coverage, saving, tuple(reasons), ruler)
 
 
 def score_trajectory(
@@ -219,6 +230,23 @@ def _saving(
     except ValueError:
         reasons.append("efficiency/bad_kv_accounting")
         return None
+
+
+def _efficiency(
+    reads: KVReads | None,
+    saving: float | None,
+    config: RewardConfig,
+    cost: DecodeCost | None,
+    reasons: list[str],
+) -> float | None:
+    """The ungated efficiency term: the budget efficiency, or the relative ``saving`` (``"completion"``)."""
+    if config.efficiency_reference == "completion" or saving is None:  # unknown saving: the caller said why
+        return saving
+    if reads.prompt_len is None:
+        reasons.append("efficiency/no_prompt_len")
+        return None
+    steps = int(config.efficiency_reference_tokens)
+    return budget_efficiency(reads, steps, config.efficiency_unit, cost, config.roofline)
 
 
 def _evidence(example: Mapping, num_chunks: int, reasons: list[str]) -> tuple[int, ...]:

@@ -12,8 +12,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS
+
 from .accuracy import GraderOptions
 from .efficiency import EFFICIENCY_UNITS, Roofline
+
+EFFICIENCY_REFERENCES = ("budget", "completion")
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,7 @@ class RewardConfig:
 
     ``total = accuracy_weight * accuracy + efficiency_weight * efficiency (gated)
     + compliance_weight * compliance + coverage_weight * coverage`` (coverage counts 0 when unknown).
+    Efficiency is measured against a per-example budget by default (``efficiency_reference``).
     """
 
     accuracy_weight: float = field(
@@ -30,8 +35,8 @@ class RewardConfig:
     efficiency_weight: float = field(
         default=0.5,
         metadata={
-            "help": "Weight of the gated KV-read saving 1 - attended/vanilla (at most 1; 0 for global-only "
-            "decoding). Keep it below accuracy_weight so that reading less never pays more than being right."
+            "help": "Weight of the gated KV-read efficiency (in [0, 1], see efficiency_reference). Keep it "
+            "below accuracy_weight so that reading less never pays more than being right."
         },
     )
     compliance_weight: float = field(
@@ -63,10 +68,31 @@ class RewardConfig:
         },
     )
     efficiency_min_coverage: float = field(
-        default=0.0,
+        default=1.0,
         metadata={
             "help": "Gate: the efficiency term pays only when evidence coverage >= this (examples without "
-            "known evidence pass). 0.0 turns the gate off."
+            "known evidence pass; 0.0 turns the gate off). 1.0: a right answer reached without focusing "
+            "on every evidence chunk is a guess, and its saving came from not reading what it needed; "
+            "paying it would make a short guess outscore the honest trace (tests/rewards/test_reward_hacking.py)."
+        },
+    )
+    efficiency_reference: str = field(
+        default="budget",
+        metadata={
+            "help": "What the efficiency term measures reads against. 'budget': clip(1 - attended / budget, "
+            "0, 1) with budget = what vanilla causal attention reads over efficiency_reference_tokens "
+            "decoding steps from the same prompt, so writing more never raises it. 'completion': the "
+            "paper's saving 1 - attended/vanilla over the completion's own steps, which appending cheap "
+            "(local or focus) text raises: a door GRPO finds. Dashboards and evals report that saving "
+            "(kv_saving) either way."
+        },
+    )
+    efficiency_reference_tokens: int = field(
+        default=128,
+        metadata={
+            "help": "Decoding steps of the 'budget' reference (>= 1): about the length of a good completion "
+            "for the task (gold traces of the embedded default are 72-85 tokens). A completion that reads "
+            "more than vanilla does over this many steps earns no efficiency; thinking traces need more."
         },
     )
     efficiency_unit: str = field(
@@ -108,6 +134,16 @@ class RewardConfig:
         default=32,
         metadata={"help": "Length guard: characters allowed on top of the scaled reference (>= 0)."},
     )
+    strict_string_match: bool = field(
+        default=True,
+        metadata={
+            "help": "string_match_all / string_match_part pay precision too: an answer holding a candidate "
+            "that is not a reference (a number when the references are numbers, an upper-case identifier "
+            "when they are variable names) scores 0 (reason accuracy/extra_candidates); see "
+            "rewards/accuracy.py. false: RULER's recall-only match. Evals report RULER's own metric beside "
+            "the reward's accuracy either way (accuracy_ruler)."
+        },
+    )
     math_timeout_s: int = field(
         default=5,
         metadata={
@@ -119,6 +155,14 @@ class RewardConfig:
         metadata={
             "help": "Parse completions given as text in thinking mode (<think> tags are read). Trajectories "
             "and layouts carry their own flag."
+        },
+    )
+    protocol_version: int = field(
+        default=PROTOCOL_VERSION,
+        metadata={
+            "help": f"DA protocol version completions given as text are parsed with (one of {PROTOCOL_VERSIONS}; "
+            "2 reads a started but broken tag such as </focus junk as a malformed_tag violation). "
+            "Trajectories and layouts carry their own."
         },
     )
 
@@ -137,6 +181,24 @@ class RewardConfig:
             _check(name, getattr(self, name) >= 0, ">= 0", getattr(self, name))
         for name in ("efficiency_min_accuracy", "efficiency_min_coverage"):
             _check(name, 0 <= getattr(self, name) <= 1, "in [0, 1]", getattr(self, name))
+        _check(
+            "efficiency_reference",
+            self.efficiency_reference in EFFICIENCY_REFERENCES,
+            f"one of {EFFICIENCY_REFERENCES}",
+            self.efficiency_reference,
+        )
+        _check(
+            "efficiency_reference_tokens",
+            self.efficiency_reference_tokens >= 1,
+            ">= 1",
+            self.efficiency_reference_tokens,
+        )
+        _check(
+            "protocol_version",
+            self.protocol_version in PROTOCOL_VERSIONS,
+            f"one of {PROTOCOL_VERSIONS}",
+            self.protocol_version,
+        )
         _check(
             "efficiency_unit",
             self.efficiency_unit in EFFICIENCY_UNITS,
@@ -182,6 +244,7 @@ class RewardConfig:
             self.answer_length_factor,
             int(self.answer_length_slack),
             int(self.math_timeout_s),
+            self.strict_string_match,
         )
 
 

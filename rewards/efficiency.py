@@ -29,6 +29,15 @@ saves 0; no completion can save more than 1. Savings are measured in one of thre
 Selective Attention eviction (``Trajectory.kv_tokens_per_layer``, ``[n, layers]``): each layer's count
 already leaves out the tokens evicted from that layer, so evicted tokens count as not read, layer by
 layer; vanilla reads every token in every layer.
+
+**The reward's efficiency** (:func:`budget_efficiency`) is not this saving. The saving is relative to
+the completion's own steps, so appending cheap text (more steps under ``local`` or a focus) raises it
+while nothing useful is read: GRPO found exactly that door. The reward measures the completion's
+absolute reads against a per-example budget instead: ``clip(1 - attended / budget, 0, 1)``, where the
+budget is what vanilla causal attention reads over ``reference_steps`` decoding steps from the same
+prompt (:func:`~rollouts.masks.causal_kv_tokens`, the accounting's own vanilla count), in the same unit.
+Every step reads at least one KV token, so writing more never raises it; reading less (fewer steps, or
+steps that hide chunks) always does. :func:`kv_saving` stays the paper's number for dashboards and evals.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rollouts.masks import KVShape
+from rollouts.masks import KVShape, causal_kv_tokens
 from rollouts.trajectory import Trajectory
 
 EFFICIENCY_UNITS = ("tokens", "bytes", "time")
@@ -96,13 +105,17 @@ class KVReads:
     """KV tokens read per decoding step by the policy and by vanilla causal attention.
 
     ``read`` is ``[n]`` (the same count in every layer) or ``[n, layers]`` (per layer, SA eviction);
-    ``vanilla`` is ``[n]``, the count every layer reads under causal attention.
+    ``vanilla`` is ``[n]``, the count every layer reads under causal attention. ``prompt_len`` is the
+    prompt the steps decode from (``None``: unknown), which :func:`budget_efficiency` needs.
     """
 
     read: np.ndarray  # [n] or [n, layers]
     vanilla: np.ndarray  # [n]
+    prompt_len: int | None = None
 
     def __post_init__(self):
+        if self.prompt_len is not None and (isinstance(self.prompt_len, bool) or int(self.prompt_len) < 1):
+            raise ValueError(f"prompt_len must be a positive number of tokens, got {self.prompt_len!r}")
         read, vanilla = np.asarray(self.read), np.asarray(self.vanilla)
         if vanilla.ndim != 1 or read.ndim not in (1, 2) or len(read) != len(vanilla):
             raise ValueError(
@@ -123,6 +136,8 @@ class KVReads:
                 raise ValueError(f"KV {name} counts must be finite and >= 0")
         object.__setattr__(self, "read", read)
         object.__setattr__(self, "vanilla", vanilla)
+        if self.prompt_len is not None:
+            object.__setattr__(self, "prompt_len", int(self.prompt_len))
 
     @property
     def layers(self) -> int | None:
@@ -145,9 +160,17 @@ class KVReads:
     @classmethod
     def from_trajectory(cls, trajectory: Trajectory) -> KVReads:
         """What the engine read in the trajectory's mode (per layer when SA eviction is active)."""
-        if trajectory.kv_tokens_per_layer is not None:
-            return cls(trajectory.kv_tokens_per_layer, trajectory.trace.kv_tokens_vanilla)
-        return cls(trajectory.kv_tokens_read, trajectory.trace.kv_tokens_vanilla)
+        read = trajectory.kv_tokens_per_layer
+        read = trajectory.kv_tokens_read if read is None else read
+        return cls(read, trajectory.trace.kv_tokens_vanilla, trajectory.layout.prompt_len)
+
+    @classmethod
+    def causal(cls, prompt_len: int, steps: int, layers: int | None = None) -> KVReads:
+        """Vanilla causal attention over ``steps`` decoding steps from a ``prompt_len``-token prompt
+        (``layers``: as per-layer reads, for comparing with per-layer reads)."""
+        vanilla = causal_kv_tokens(prompt_len, steps)
+        read = vanilla if layers is None else np.repeat(vanilla[:, None], layers, axis=1)
+        return cls(read, vanilla, prompt_len)
 
 
 def kv_bytes(reads: KVReads, kv: KVShape) -> tuple[int, int]:
@@ -160,7 +183,7 @@ def kv_bytes(reads: KVReads, kv: KVShape) -> tuple[int, int]:
 def decode_seconds(reads: KVReads, cost: DecodeCost, roofline: Roofline = Roofline()) -> tuple[float, float]:
     """Roofline decoding time of the completion (seconds, summed over steps), policy and vanilla.
 
-    >>> from rollouts.masks import KVShape
+    >>> from rollouts.masks import KVShape, causal_kv_tokens
     >>> cost = DecodeCost(KVShape(num_layers=1, num_kv_heads=1, head_dim=128), query_heads=8)
     >>> reads = KVReads(np.array([10_000, 0]), np.array([10_000, 10_001]))
     >>> [f"{t * 1e9:.0f} ns" for t in decode_seconds(reads, cost)]  # 512 B/token at 5.6 TB/s
@@ -184,17 +207,51 @@ def kv_saving(
     >>> kv_saving(KVReads(np.array([100, 21, 22, 60]), np.array([100, 101, 102, 103])))
     0.5
     """
-    if unit == "tokens":
-        read, vanilla = reads.layer_tokens()
-        attended, full = float(read.sum()), float(vanilla.sum())
-    elif unit in ("bytes", "time"):
-        if cost is None:
-            raise ValueError(f"a KV saving in {unit} needs the model's DecodeCost")
-        attended, full = (
-            kv_bytes(reads, cost.kv) if unit == "bytes" else decode_seconds(reads, cost, roofline)
-        )
-    else:
-        raise ValueError(f"unit must be one of {EFFICIENCY_UNITS}, got {unit!r}")
+    attended, full = read_amounts(reads, unit, cost, roofline)
     if full <= 0:
         raise ValueError("vanilla attention read nothing")
     return float(1.0 - attended / full)
+
+
+def budget_efficiency(
+    reads: KVReads,
+    reference_steps: int,
+    unit: str = "tokens",
+    cost: DecodeCost | None = None,
+    roofline: Roofline = Roofline(),
+) -> float:
+    """``clip(1 - attended / budget, 0, 1)``: the completion's reads against what vanilla attention reads
+    over ``reference_steps`` steps from the same prompt (``reads.prompt_len``), in ``unit``.
+
+    >>> reads = KVReads(np.array([100, 21, 22, 60]), np.array([100, 101, 102, 103]), prompt_len=100)
+    >>> round(budget_efficiency(reads, reference_steps=4), 3)  # the same 406-token budget: kv_saving's 0.5
+    0.5
+    >>> padded = KVReads(np.array([100, 21, 22, 60, 23, 24]), np.arange(100, 106), prompt_len=100)
+    >>> round(kv_saving(padded), 3), round(budget_efficiency(padded, reference_steps=4), 3)  # two cheap steps more
+    (0.593, 0.384)
+    """
+    if reads.prompt_len is None:
+        raise ValueError("the budget efficiency needs the prompt length the completion decoded from")
+    if reference_steps < 1:
+        raise ValueError(f"reference_steps must be >= 1, got {reference_steps}")
+    attended, _ = read_amounts(reads, unit, cost, roofline)
+    budget, _ = read_amounts(
+        KVReads.causal(reads.prompt_len, reference_steps, reads.layers), unit, cost, roofline
+    )
+    return float(min(max(1.0 - attended / budget, 0.0), 1.0))
+
+
+def read_amounts(
+    reads: KVReads, unit: str = "tokens", cost: DecodeCost | None = None, roofline: Roofline = Roofline()
+) -> tuple[float, float]:
+    """``(attended, vanilla)`` over the completion in ``unit``: KV tokens (summed over layers), KV bytes or
+    roofline seconds; ``bytes`` and ``time`` need the model's ``cost``."""
+    if unit == "tokens":
+        read, vanilla = reads.layer_tokens()
+        return float(read.sum()), float(vanilla.sum())
+    if unit in ("bytes", "time"):
+        if cost is None:
+            raise ValueError(f"a KV saving in {unit} needs the model's DecodeCost")
+        amounts = kv_bytes(reads, cost.kv) if unit == "bytes" else decode_seconds(reads, cost, roofline)
+        return float(amounts[0]), float(amounts[1])
+    raise ValueError(f"unit must be one of {EFFICIENCY_UNITS}, got {unit!r}")

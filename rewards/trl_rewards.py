@@ -21,12 +21,17 @@ completion. In order of preference:
    .kv_tokens``, or ``kv_tokens_vanilla`` again for ``da-nm``/``vanilla`` rollouts) and the causal
    count; ``kv_tokens_per_layer`` (``[n][layers]``) replaces ``kv_tokens`` under SA eviction. Numpy
    arrays (as the trace holds them) or lists; a single total per completion also works for the
-   ``tokens`` and ``bytes`` units.
+   ``tokens`` and ``bytes`` units. The efficiency's budget (``RewardConfig.efficiency_reference``)
+   needs the prompt length: from ``layout``, else a ``prompt_len`` column, else the first entry of a
+   per-step ``kv_tokens_vanilla`` (the prefill's last row reads exactly the prompt; "per step": more
+   than one entry, or as many as ``completion_ids``). A single total without either scores efficiency
+   0 with the reason ``efficiency/no_prompt_len``.
 3. ``layout``: the :class:`~rollouts.protocol.PromptLayout`; the completion is re-traced with
    :func:`~rollouts.masks.trace_completion` from ``completion_ids`` (needs ``token_table``).
 
 Without any of them the saving is unknown: efficiency scores 0 with the reason
-``efficiency/no_kv_accounting``. A ``finish_reason`` column (``stop``/``length``/``error``) marks
+``efficiency/no_kv_accounting``. Text completions are parsed with the layout's protocol version, else
+``RewardConfig.protocol_version``. A ``finish_reason`` column (``stop``/``length``/``error``) marks
 cut-off completions. Columns missing from the batch, wrong types and empty completions score 0 with a
 reason; nothing raises inside a training step. The total function also logs each reason's share of
 the batch as ``reward_reasons/<reason>`` and a ``reward_reasons`` column in the completions table.
@@ -105,10 +110,13 @@ class DAReward:
     >>> columns = dict(answers=[["8"]], metric=["numeric"], evidence_chunks=[[2, 7]], num_chunks=[7],
     ...                kv_tokens=[[100, 21, 22, 60]], kv_tokens_vanilla=[[100, 101, 102, 103]])
     >>> reward(["How many years after Acme Corp was founded did it go public?"], [completion], **columns)
-    [1.75]
+    [1.995...]
     >>> batch = reward.score(["..."], ["<answer>8</answer> is my guess"], **columns)
     >>> batch.totals, sorted(batch.reasons)
     ([1.0], ['compliance/no_focus', 'compliance/text_after_answer', 'efficiency/gated:compliance'])
+
+    (The 4-step completion read 203 KV tokens; vanilla reads 20,928 over the default 128-step budget
+    from this 100-token prompt: efficiency 0.990.)
     """
 
     __name__ = "da_reward"
@@ -193,7 +201,8 @@ class DAReward:
                 reasons.append("input/empty_completion")
                 text = None
             thinking = layout.thinking if layout else self.config.thinking
-            parsed = None if text is None else parse_completion(text, int(num_chunks), thinking=thinking)
+            version = layout.protocol_version if layout else int(self.config.protocol_version)
+            parsed = None if text is None else parse_completion(text, int(num_chunks), thinking, version)
             reads = self._reads(row, ids, layout, reasons) if parsed is not None else None
             finish = row.get("finish_reason") or "stop"  # absent or None: the engine did not say
             return score_parsed(
@@ -216,21 +225,32 @@ class DAReward:
             read = row.get("kv_tokens")
         if read is not None:
             try:
-                return KVReads(
-                    np.atleast_1d(np.asarray(read)), np.atleast_1d(np.asarray(row.get("kv_tokens_vanilla")))
-                )
+                vanilla = np.atleast_1d(np.asarray(row.get("kv_tokens_vanilla")))
+                prompt_len = _prompt_len(row, layout, vanilla, ids)
+                return KVReads(np.atleast_1d(np.asarray(read)), vanilla, prompt_len)
             except (ValueError, TypeError, OverflowError):
                 reasons.append("efficiency/bad_kv_accounting")
                 return None
         if layout is not None and self.token_table is not None and isinstance(ids, Sequence) and ids:
             try:
                 trace = trace_completion(layout, ids, self.token_table)
-                return KVReads(trace.kv_tokens, trace.kv_tokens_vanilla)
+                return KVReads(trace.kv_tokens, trace.kv_tokens_vanilla, layout.prompt_len)
             except (ValueError, TypeError):
                 reasons.append("efficiency/bad_kv_accounting")
                 return None
         reasons.append("efficiency/no_kv_accounting")
         return None
+
+
+def _prompt_len(row: dict, layout: PromptLayout | None, vanilla: np.ndarray, ids) -> int | None:
+    """The prompt length the completion decoded from (see the module docstring), ``None`` if unknown."""
+    if layout is not None:
+        return layout.prompt_len
+    given = row.get("prompt_len")
+    if isinstance(given, Integral) and not isinstance(given, bool):
+        return int(given)
+    per_step = len(vanilla) > 1 or (isinstance(ids, Sequence) and len(ids) == len(vanilla))
+    return int(vanilla[0]) if per_step and vanilla.ndim == 1 and len(vanilla) else None
 
 
 class ComponentReward:
@@ -285,12 +305,14 @@ def accuracy_reward(prompts, completions, **columns) -> list[float]:
 
 
 def efficiency_reward(prompts, completions, **columns) -> list[float]:
-    """Gated KV-read saving ``1 - attended / vanilla``: 0 unless the answer is right and compliant.
+    """Gated KV-read efficiency ``1 - attended / budget``: 0 unless the answer is right and compliant.
 
     >>> efficiency_reward(["Q", "Q"], ['<focus magic_chunks="1">x</focus><answer>8</answer>'] * 2,
     ...                   answers=[["8"], ["9"]], metric=["exact", "exact"], num_chunks=[3, 3],
-    ...                   kv_tokens=[[30, 30], [30, 30]], kv_tokens_vanilla=[[60, 60], [60, 60]])
-    [0.5, 0.0]
+    ...                   kv_tokens=[[60, 30], [60, 30]], kv_tokens_vanilla=[[60, 61], [60, 61]])
+    [0.994..., 0.0]
+
+    (90 KV tokens read against the default budget, 128 vanilla steps from this 60-token prompt: 15,808.)
     """
     return _DEFAULT.component("efficiency")(prompts, completions, **columns)
 

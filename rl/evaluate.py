@@ -17,8 +17,11 @@ what the policy does at its most likely; sampling at the rollout temperature sho
 trains (a policy whose greedy completions are all compliant can still sample non-compliant ones).
 Aggregated per (mode, task, context-length bin), over every completion (``n``: examples x samples):
 
-- ``accuracy``, ``compliance``: means of the reward components; ``coverage``: mean share of the evidence
-  chunks the model focused on, over the examples that know their evidence (``None`` when none does);
+- ``accuracy``, ``compliance``: means of the reward components (``accuracy`` is the reward's strict
+  grade: an answer listing values that are not references scores 0); ``accuracy_ruler``: the same
+  answers under RULER's own metric (recall only), so results stay comparable with RULER's;
+  ``coverage``: mean share of the evidence chunks the model focused on, over the examples that know
+  their evidence (``None`` when none does);
 - ``kv_tokens``: KV tokens the mode's engine actually read, summed over every decoding step of every
   example (``Trajectory.kv_tokens_read``: the DA trace in ``da``, full causal reads otherwise; under
   Selective Attention eviction, in every mode, the mean over layers of what each layer held);
@@ -40,7 +43,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -49,6 +52,7 @@ from rewards import RewardBreakdown, score_trajectories
 from rewards.config import DEFAULT_CONFIG, RewardConfig
 from rl.dashboard.records import MODES, bin_order, context_tokens, length_bin, predicted_modes
 from rollouts.engines.base import RolloutRequest
+from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS
 from rollouts.trajectory import ROLLOUT_MODES, Trajectory
 
 Generate = Callable[[list[RolloutRequest]], list[Trajectory]]
@@ -67,7 +71,8 @@ class EvalRow:
     task: str
     length_bin: str
     n: int  # completions: examples x samples
-    accuracy: float  # mean graded accuracy
+    accuracy: float  # mean graded accuracy (the reward's, with its precision check)
+    accuracy_ruler: float  # mean accuracy under RULER's own metric (recall only)
     compliance: float  # mean protocol compliance (0 or 1 each)
     coverage: float | None  # mean evidence coverage; None: no example knows its evidence
     kv_saving: float | None  # 1 - kv_tokens / kv_tokens_vanilla; None when nothing was decoded
@@ -144,7 +149,7 @@ class EvalReport:
         table = Table(title=title)
         for name, justify in (
             ("mode", "left"), ("task", "left"), ("context", "left"), ("n", "right"),
-            ("accuracy", "right"), ("compliance", "right"), ("coverage", "right"),
+            ("accuracy", "right"), ("RULER acc.", "right"), ("compliance", "right"), ("coverage", "right"),
             ("KV saving", "right"), ("KV tokens", "right"), ("steps", "right"),
             ("global / focus / local", "right"), ("trunc / err", "right"),
         ):  # fmt: skip
@@ -153,7 +158,8 @@ class EvalReport:
             mix = " / ".join(_fmt(getattr(row, f"mode_mix_{m}"), "{:.0%}") for m in MODES)
             table.add_row(
                 row.mode, row.task, row.length_bin, str(row.n),
-                _fmt(row.accuracy, "{:.3f}"), _fmt(row.compliance, "{:.3f}"), _fmt(row.coverage, "{:.3f}"),
+                _fmt(row.accuracy, "{:.3f}"), _fmt(row.accuracy_ruler, "{:.3f}"), _fmt(row.compliance, "{:.3f}"),
+                _fmt(row.coverage, "{:.3f}"),
                 _fmt(row.kv_saving, "{:.1%}"), f"{row.kv_tokens:,}", f"{row.decode_steps:.1f}",
                 mix, f"{row.truncated} / {row.errors}",
                 end_section=i == len(self.rows) - 1, style="bold" if row.task == ALL else None,
@@ -177,6 +183,7 @@ class EvalReport:
             length_bin=label,
             n=len(ts),
             accuracy=_mean([r.accuracy for r in rs]),
+            accuracy_ruler=_mean([r.accuracy_ruler for r in rs]),
             compliance=_mean([r.compliance for r in rs]),
             coverage=_mean(coverage) if coverage else None,
             kv_saving=1.0 - kv / kv_vanilla if kv_vanilla else None,
@@ -237,10 +244,12 @@ def build_requests(
     temperature: float = 0.0,
     samples: int = 1,
     seed: int = 0,
+    protocol_version: int = PROTOCOL_VERSION,
 ) -> list[RolloutRequest]:
     """``samples`` requests per example and mode (example-major, then mode): ``da`` and ``da-nm`` on the
     example's DA layout, ``vanilla`` on the same layout without the DA instructions; greedy at temperature
-    0, else sampled with seeds ``seed + i`` (``i``: the request's index)."""
+    0, else sampled with seeds ``seed + i`` (``i``: the request's index). The layouts carry
+    ``protocol_version``, which the engines parse the completions with (a v1 export is read as v1)."""
     modes = parse_modes(modes)
     check_sampling(temperature, samples)
     if max_tokens < 1:
@@ -252,10 +261,11 @@ def build_requests(
         for mode in modes:
             with_instructions = instructions and mode != "vanilla"
             if with_instructions not in layouts:
-                layouts[with_instructions] = layout_example(
+                layout = layout_example(
                     example, tokenizer, block_size=block_size, thinking=thinking, style=layout_style,
                     instructions=with_instructions,
                 )  # fmt: skip
+                layouts[with_instructions] = replace(layout, protocol_version=protocol_version)
             layout = layouts[with_instructions]
             for _ in range(samples):
                 requests.append(
@@ -348,11 +358,11 @@ def eval_checkpoint(
 ) -> EvalReport:
     """``heed eval``: a Ray rollout pool on ``checkpoint``, the split's rows, one report.
 
-    Block size and thinking mode come from the checkpoint's ``heed.json`` (an export); passing a value
-    that contradicts it is an error. Without ``heed.json`` they default to 32 and non-thinking.
+    Block size, thinking mode and protocol version come from the checkpoint's ``heed.json`` (an export);
+    passing a value that contradicts it is an error. A policy trained on protocol v1 is evaluated under
+    v1 (its completions parsed as v1). Without ``heed.json``: 32, non-thinking, the current protocol.
     """
     from rl.export import read_heed_json
-    from rollouts.protocol import PROTOCOL_VERSION
 
     checkpoint = Path(checkpoint)
     if not (checkpoint / "config.json").is_file():
@@ -362,11 +372,13 @@ def eval_checkpoint(
     if num_actors < 1:
         raise EvalError(f"--num-actors must be at least 1, got {num_actors}")
     info = read_heed_json(checkpoint)
+    protocol_version = PROTOCOL_VERSION
     if info is not None:
-        if info.get("protocol_version") != PROTOCOL_VERSION:
+        protocol_version = info.get("protocol_version")
+        if type(protocol_version) is not int or protocol_version not in PROTOCOL_VERSIONS:
             raise EvalError(
-                f"{checkpoint} was trained on DA protocol version {info.get('protocol_version')}; this "
-                f"Heed lays out version {PROTOCOL_VERSION} prompts"
+                f"{checkpoint} was trained on DA protocol version {protocol_version!r}; this "
+                f"Heed reads versions {', '.join(map(str, PROTOCOL_VERSIONS))}"
             )
         for name, given in (("block_size", block_size), ("thinking", thinking)):
             if given is not None and given != info.get(name):
@@ -387,7 +399,7 @@ def eval_checkpoint(
         requests = build_requests(
             rows, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens,
             layout_style=layout_style, instructions=instructions, temperature=temperature, samples=samples,
-            seed=seed,
+            seed=seed, protocol_version=protocol_version,
         )  # fmt: skip
     except ValueError as err:  # a row that does not lay out (document longer than its chunk_tokens, ...)
         raise EvalError(str(err)) from None
@@ -408,6 +420,7 @@ def eval_checkpoint(
         "seed": seed,
         "block_size": block_size,
         "thinking": thinking,
+        "protocol_version": protocol_version,
         "source_step": (info or {}).get("source", {}).get("step"),
     }
     return report

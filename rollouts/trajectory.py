@@ -49,6 +49,12 @@ class Trajectory:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 
     @property
+    def protocol_version(self) -> int:
+        """The DA protocol version the completion was parsed with (its layout's; ``heed.json`` records the
+        version a policy was trained on, and the run directory's trajectory records carry this one)."""
+        return self.layout.protocol_version
+
+    @property
     def kv_tokens_read(self) -> np.ndarray:
         """``[n]`` KV tokens the engine actually read per step (per layer): under Selective Attention eviction
         the mean over layers of what each layer held, else the DA trace in ``da`` mode and the full causal

@@ -63,6 +63,7 @@ def trajectory_record(trajectory: Trajectory, reward: RewardBreakdown, step: int
         "example_id": t.example.get("id"),
         "task": t.example.get("task", "unknown"),
         "mode": t.mode,
+        "protocol_version": t.protocol_version,
         "finish_reason": t.finish_reason,
         "context_tokens": n_ctx,
         "length_bin": length_bin(n_ctx),
@@ -89,6 +90,7 @@ def trajectory_record(trajectory: Trajectory, reward: RewardBreakdown, step: int
         "reward": {
             "total": reward.total,
             "accuracy": reward.accuracy,
+            "accuracy_ruler": reward.accuracy_ruler,
             "efficiency": reward.efficiency,
             "compliance": reward.compliance,
             "coverage": reward.coverage,
@@ -125,7 +127,7 @@ def step_metrics(
     if len(trajectories) != len(rewards):
         raise ValueError(f"{len(trajectories)} trajectories but {len(rewards)} rewards")
     out: dict[str, float | None] = {}
-    for name in ("total", "accuracy", "efficiency", "compliance"):
+    for name in ("total", "accuracy", "accuracy_ruler", "efficiency", "compliance"):
         out[f"reward/{name}"] = _mean([getattr(r, name) for r in rewards])
     out["reward/coverage"] = _mean([r.coverage for r in rewards if r.coverage is not None])
     out["reward/kv_saving"] = _mean([r.kv_saving for r in rewards if r.kv_saving is not None])

@@ -69,6 +69,16 @@ def _skipped_section(run: Run) -> str:
     return f'<div class="skipped" id="skipped">{title}<ul>{items}</ul></div>'
 
 
+# The eval table's columns per mode: (result field, header, format). "accuracy" is the reward's strict
+# grade, "RULER acc." RULER's own recall-only metric (rl/evaluate.py), kept for comparison with RULER.
+_EVAL_FIELDS = (
+    ("accuracy", "accuracy", "{:.3f}"),
+    ("accuracy_ruler", "RULER acc.", "{:.3f}"),
+    ("kv_tokens", "KV tokens", "{:,}"),
+    ("decode_steps", "steps", "{:.1f}"),
+)
+
+
 def _eval_section(run: Run) -> str:
     if not run.evals:
         return '<p class="missing" id="eval-missing">No eval results in this run yet.</p>'
@@ -77,14 +87,14 @@ def _eval_section(run: Run) -> str:
         rows: dict[tuple[str, str], dict[str, dict]] = {}
         for r in data["results"]:
             rows.setdefault((str(r.get("task")), str(r.get("length_bin"))), {})[str(r.get("mode"))] = r
-        head = "".join(f'<th colspan="3">{m}</th>' for m in EVAL_MODES)
-        sub = "<th>accuracy</th><th>KV tokens</th><th>steps</th>" * len(EVAL_MODES)
+        head = "".join(f'<th colspan="{len(_EVAL_FIELDS)}">{m}</th>' for m in EVAL_MODES)
+        sub = "".join(f"<th>{header}</th>" for _, header, _ in _EVAL_FIELDS) * len(EVAL_MODES)
         body = []
         for (task, label), by_mode in sorted(rows.items()):
             cells = []
             for mode in EVAL_MODES:
                 r = by_mode.get(mode, {})
-                for field, fmt in (("accuracy", "{:.3f}"), ("kv_tokens", "{:,}"), ("decode_steps", "{:.1f}")):
+                for field, _, fmt in _EVAL_FIELDS:
                     value = r.get(field)
                     text = fmt.format(value) if isinstance(value, int | float) else "–"
                     cells.append(f'<td class="num" data-mode="{mode}" data-field="{field}">{text}</td>')

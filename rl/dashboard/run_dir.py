@@ -16,7 +16,8 @@ A run directory is plain files, append-only, readable while the run is still wri
   (``rl.dashboard.sample_run``: scored gold and perturbed traces, no training).
 - Every other key is a flat metric name -> number (``null`` when undefined for that step). The
   names the report knows, all optional (``records.step_metrics`` computes the rollout ones):
-  ``reward/total|accuracy|efficiency|compliance|coverage|kv_saving``;
+  ``reward/total|accuracy|efficiency|compliance|coverage|kv_saving`` and ``reward/accuracy_ruler`` (the
+  answers under RULER's own recall-only metric, logged beside the reward's strict accuracy, not paid);
   ``accuracy|compliance|coverage/by_task/<task>`` and ``.../by_length/<bin>``;
   ``mode_mix/global|focus|local`` and ``mode_mix/by_length/<bin>/<mode>`` (share of generated
   tokens by the mode they were *predicted under*); ``kv/tokens_da`` (KV tokens the DA mask lets the
@@ -37,12 +38,13 @@ A run directory is plain files, append-only, readable while the run is still wri
 
 ``trajectories/<name>.jsonl`` records (``records.trajectory_record`` writes them)::
 
-    {"id", "step", "example_id", "task", "mode" (da|da-nm|vanilla), "finish_reason",
+    {"id", "step", "example_id", "task", "mode" (da|da-nm|vanilla), "protocol_version", "finish_reason",
      "context_tokens", "length_bin", "layout": {"block_size", "prompt_len", "chunk_spans"},
      "completion_text", "num_tokens", "segments": [{"mode", "chunks", "start", "end"}] (characters),
      "answer", "answers", "evidence_chunks", "violations": [{"kind", "position"}],
      "states": [{"mode", "chunks"}], "predicted_state": [n], "kv_tokens": [n], "kv_tokens_vanilla": [n],
-     "reward": {"total", "accuracy", "efficiency", "compliance", "coverage", "kv_saving", "reasons"}}
+     "reward": {"total", "accuracy", "accuracy_ruler", "efficiency", "compliance", "coverage", "kv_saving",
+                "reasons"}}
 
 ``states``/``predicted_state``/``kv_tokens*`` are the rollout's ``CompletionTrace`` as recorded:
 token ``j`` was predicted under ``states[predicted_state[j]]`` by a forward that read
@@ -56,7 +58,8 @@ token ``j`` was predicted under ``states[predicted_state[j]]`` by a forward that
 
 ``kv_tokens`` is what that mode's engine read in total (``da``: the DA trace; ``da-nm`` and
 ``vanilla``: full causal), ``decode_steps`` the mean generated tokens per example. ``heed eval`` and
-``heed train`` add ``compliance``, ``coverage`` (``null`` when unknown), ``kv_saving``,
+``heed train`` add ``accuracy_ruler`` (RULER's own metric beside the reward's strict ``accuracy``),
+``compliance``, ``coverage`` (``null`` when unknown), ``kv_saving``,
 ``mode_mix_global|focus|local``, ``truncated`` and ``errors`` to each row (``rl/evaluate.py``).
 
 Writing: one :class:`RunWriter` per run (rank 0 in a distributed job) appends one line and flushes

@@ -41,7 +41,9 @@ from .records import length_bin, step_metrics, trajectory_record
 from .run_dir import RunWriter
 
 # a Qwen3-1.7B-like decoding cost: 28 layers, 8 KV heads of 128, 16 query heads, 1.4B matmul weights
-DECODE_COST = DecodeCost(KVShape(num_layers=28, num_kv_heads=8, head_dim=128, dtype_bytes=2), 16, 1_400_000_000)
+DECODE_COST = DecodeCost(
+    KVShape(num_layers=28, num_kv_heads=8, head_dim=128, dtype_bytes=2), 16, 1_400_000_000
+)
 PERTURBATIONS = ("global_only", "wrong_chunk", "wrong_answer", "broken_tags")
 _FOCUS_TAG = re.compile(r'<focus magic_chunks="([^"]*)">')
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -130,7 +132,11 @@ def write_sample_run(
             n_tokens(without_da_tags(examples[i]["gold_completion"], layouts[i].num_chunks)) for i in picks
         ]
         metrics = step_metrics(
-            batch, rewards, DECODE_COST, vanilla_steps=vanilla_steps, wall_time_s=time.perf_counter() - started
+            batch,
+            rewards,
+            DECODE_COST,
+            vanilla_steps=vanilla_steps,
+            wall_time_s=time.perf_counter() - started,
         )
         writer.log_metrics(step, "sample", metrics)
         writer.log_trajectories(
@@ -145,7 +151,7 @@ def write_sample_run(
 
 def _eval_results(examples: list[dict], rollout) -> list[dict]:
     """da / da-nm / vanilla on every example, grouped by task and length bin."""
-    groups: dict[tuple[str, str, str], list[tuple[float, int, int, int]]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[tuple[float, float, int, int, int]]] = defaultdict(list)
     for i, example in enumerate(examples):
         gold = example["gold_completion"]
         runs = {"da": rollout(i, gold, "da"), "da-nm": rollout(i, gold, "da-nm")}
@@ -154,7 +160,13 @@ def _eval_results(examples: list[dict], rollout) -> list[dict]:
         for (mode, t), score in zip(runs.items(), scores, strict=True):
             read = round(float(t.kv_tokens_read.sum()))  # what this mode's engine read (DA, causal, SA)
             groups[(mode, example["task"], length_bin(example["context_tokens"]))].append(
-                (score.accuracy, read, int(t.trace.kv_tokens_vanilla.sum()), len(t.completion_ids))
+                (
+                    score.accuracy,
+                    score.accuracy_ruler,
+                    read,
+                    int(t.trace.kv_tokens_vanilla.sum()),
+                    len(t.completion_ids),
+                )
             )
     return [
         {
@@ -163,9 +175,10 @@ def _eval_results(examples: list[dict], rollout) -> list[dict]:
             "length_bin": label,
             "n": len(rows),
             "accuracy": float(np.mean([r[0] for r in rows])),
-            "kv_tokens": sum(r[1] for r in rows),
-            "kv_tokens_vanilla": sum(r[2] for r in rows),
-            "decode_steps": float(np.mean([r[3] for r in rows])),
+            "accuracy_ruler": float(np.mean([r[1] for r in rows])),
+            "kv_tokens": sum(r[2] for r in rows),
+            "kv_tokens_vanilla": sum(r[3] for r in rows),
+            "decode_steps": float(np.mean([r[4] for r in rows])),
         }
         for (mode, task, label), rows in sorted(groups.items())
     ]

@@ -40,6 +40,13 @@ def _fmt(value: float | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4f}"
 
 
+def _eval_cell(row: dict) -> str:
+    """``accuracy (RULER accuracy) / KV tokens``; files written before ``accuracy_ruler`` show no RULER part."""
+    ruler = row.get("accuracy_ruler")
+    ruler = f" ({ruler:.3f})" if isinstance(ruler, int | float) else ""
+    return f"{row['accuracy']:.3f}{ruler} / {row['kv_tokens']:,}"
+
+
 def print_summary(run: Run, console: Console | None = None) -> None:
     console = console or Console()
     steps = [row["step"] for row in run.metrics]
@@ -63,7 +70,7 @@ def print_summary(run: Run, console: Console | None = None) -> None:
         table.add_row(name, _fmt(values[0]), _fmt(values[-1]), str(at[-1]))
     console.print(table if table.row_count else "[italic]no metrics logged yet[/]")
     for name, data in run.evals.items():
-        ev = Table(title=f"Eval {name} (step {data.get('step')}): accuracy / KV tokens read")
+        ev = Table(title=f"Eval {name} (step {data.get('step')}): accuracy (RULER's) / KV tokens read")
         ev.add_column("task")
         ev.add_column("context")
         for mode in EVAL_MODES:
@@ -72,10 +79,7 @@ def print_summary(run: Run, console: Console | None = None) -> None:
         for r in data["results"]:
             rows.setdefault((str(r.get("task")), str(r.get("length_bin"))), {})[str(r.get("mode"))] = r
         for (task, label), by_mode in sorted(rows.items()):
-            cells = [
-                f"{by_mode[m]['accuracy']:.3f} / {by_mode[m]['kv_tokens']:,}" if m in by_mode else "–"
-                for m in EVAL_MODES
-            ]
+            cells = [_eval_cell(by_mode[m]) if m in by_mode else "–" for m in EVAL_MODES]
             ev.add_row(task, label, *cells)
         console.print(ev)
     if run.skipped:

@@ -9,6 +9,8 @@ A DA request is an ordinary vLLM request whose ``SamplingParams.extra_args`` car
 
 Token ids never travel twice: the layout is rebuilt from the wire and the request's own prompt
 (:meth:`PromptLayout.from_wire`), so a layout that does not fit its prompt is rejected, not applied.
+The wire's ``version`` is the DA protocol version the engine parses the completion with (any of
+``PROTOCOL_VERSIONS``: a client serving a v1 export sends v1 layouts and gets v1 parsing and masks).
 Requests without ``heed_da`` and ``vanilla`` requests run as stock vLLM runs them.
 
 Prefix caching: the KV a ``da`` request writes for its generated tokens is computed under its mask,

@@ -5,6 +5,7 @@ from .training import MaskBatch, block_training_mask, dense_training_mask, mask_
 from .visibility import (
     CompletionTrace,
     VisibilityTracker,
+    causal_kv_tokens,
     kv_tokens_read,
     state_visibility,
     trace_completion,
@@ -17,6 +18,7 @@ __all__ = [
     "MaskBatch",
     "VisibilityTracker",
     "block_training_mask",
+    "causal_kv_tokens",
     "dense_training_mask",
     "dtype_bytes",
     "kv_tokens_read",

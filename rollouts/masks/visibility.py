@@ -58,6 +58,17 @@ def kv_tokens_read(visible_blocks: int | np.ndarray, position: int | np.ndarray,
     return (visible_blocks - 1) * block_size + position % block_size + 1
 
 
+def causal_kv_tokens(prompt_len: int, steps: int) -> np.ndarray:
+    """``[steps]`` KV tokens vanilla causal attention reads over the first ``steps`` decoding steps after a
+    ``prompt_len``-token prompt: step ``j`` is the forward at position ``prompt_len - 1 + j``, which sees
+    every block, so it reads ``prompt_len + j`` (:func:`kv_tokens_read` with every block visible).
+
+    >>> causal_kv_tokens(100, 4).tolist()
+    [100, 101, 102, 103]
+    """
+    return np.arange(prompt_len, prompt_len + steps, dtype=np.int64)
+
+
 def visible_keys(visible_blocks: np.ndarray, position: int, block_size: int) -> np.ndarray:
     """``[position + 1]`` bool: the keys the forward at ``position`` reads, given its visible blocks.
 
@@ -79,7 +90,9 @@ class VisibilityTracker:
 
     def __init__(self, layout: PromptLayout, token_table: list[bytes]):
         self.layout = layout
-        self.parser = ProtocolParser(layout.num_chunks, thinking=layout.thinking)
+        self.parser = ProtocolParser(
+            layout.num_chunks, thinking=layout.thinking, version=layout.protocol_version
+        )
         self._text = TokenTextStream(token_table)
         self._chunk_of_block = layout.chunk_of_block
         self._block_size = layout.block_size
@@ -199,5 +212,5 @@ def trace_completion(
         row_state[j] = index.setdefault(tracker.state, len(index))
         if j + 1 < n:
             kv[j + 1] = tracker.kv_tokens
-    vanilla = layout.prompt_len + np.arange(n, dtype=np.int64)
+    vanilla = causal_kv_tokens(layout.prompt_len, n)
     return CompletionTrace(layout, tuple(index), row_state, kv, vanilla, tracker.finish())

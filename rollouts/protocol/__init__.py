@@ -1,6 +1,6 @@
 """The DA protocol: prompt layout, the streaming tag parser and its mode states."""
 
-from .instructions import PROTOCOL_VERSION, system_instructions
+from .instructions import PROTOCOL_VERSION, PROTOCOL_VERSIONS, system_instructions
 from .layout import LayoutError, PromptLayout, build_prompt
 from .neutralize import neutralize
 from .parser import (
@@ -20,6 +20,7 @@ __all__ = [
     "GLOBAL_STATE",
     "LOCAL_STATE",
     "PROTOCOL_VERSION",
+    "PROTOCOL_VERSIONS",
     "VIOLATION_KINDS",
     "LayoutError",
     "ModeState",

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 1
+# The protocol version new layouts, exports and trajectories carry, and every version the parser reads.
+# v2 (rollouts/protocol/parser.py): text that starts a DA tag name but does not complete the tag
+# (`</focus junk`, `<answer x`) is a `malformed_tag` violation. v1: it is plain text, nothing else.
+# The instructions below are the same text for both: v2 changes only how broken tags are scored.
+PROTOCOL_VERSION = 2
+PROTOCOL_VERSIONS = (1, 2)
 
 _MODES = """\
 The context is delivered as numbered Magic Chunks, returned by the get_magic_chunk tool. You control \

@@ -29,7 +29,13 @@ from functools import cached_property
 import numpy as np
 
 from .chunking import split_text
-from .instructions import GET_MAGIC_CHUNK_TOOL, PROTOCOL_VERSION, chunk_header, system_instructions
+from .instructions import (
+    GET_MAGIC_CHUNK_TOOL,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSIONS,
+    chunk_header,
+    system_instructions,
+)
 from .neutralize import neutralize
 
 logger = logging.getLogger(__name__)
@@ -48,6 +54,8 @@ class PromptLayout:
 
     ``chunk_spans[i]`` is the token span ``[start, end)`` of chunk ``i + 1`` (block aligned; it
     includes the chunk's trailing padding). Every other prompt position is scaffold.
+    ``protocol_version`` is the DA protocol version completions of this prompt are parsed with (the
+    engines' visibility trackers read it; a v1 export is served with v1 layouts).
     """
 
     input_ids: tuple[int, ...]
@@ -56,6 +64,7 @@ class PromptLayout:
     thinking: bool = False
     style: str = field(default="tool", compare=False)  # descriptive: "tool" or "plain"
     chunk_texts: tuple[str, ...] = field(default=(), compare=False)
+    protocol_version: int = PROTOCOL_VERSION
 
     def __post_init__(self):
         self.validate()
@@ -100,6 +109,11 @@ class PromptLayout:
 
     def validate(self) -> None:
         """Raise ``LayoutError`` unless spans are block aligned, ordered, disjoint and inside the prompt."""
+        version = self.protocol_version
+        if type(version) is not int or version not in PROTOCOL_VERSIONS:
+            raise LayoutError(
+                f"DA protocol version {version!r} is not supported (this Heed reads {PROTOCOL_VERSIONS})"
+            )
         b = self.block_size
         if not isinstance(b, int) or b < 1:
             raise LayoutError(f"block_size must be a positive integer, got {b!r}")
@@ -124,9 +138,12 @@ class PromptLayout:
     # -- travelling with a request (vLLM SamplingParams.extra_args must be msgpack-safe) ----------
 
     def to_wire(self) -> dict:
-        """The minimal msgpack-safe form an engine needs; token ids travel as the prompt itself."""
+        """The minimal msgpack-safe form an engine needs; token ids travel as the prompt itself.
+
+        ``version`` is the protocol version the engine parses the completion with.
+        """
         return {
-            "version": PROTOCOL_VERSION,
+            "version": self.protocol_version,
             "block_size": self.block_size,
             "prompt_len": self.prompt_len,
             "chunk_spans": [list(s) for s in self.chunk_spans],
@@ -141,9 +158,10 @@ class PromptLayout:
         missing = {"version", "block_size", "prompt_len", "chunk_spans"} - wire.keys()
         if missing:
             raise LayoutError(f"DA layout is missing {sorted(missing)}")
-        if wire["version"] != PROTOCOL_VERSION:
+        version = wire["version"]
+        if type(version) is not int or version not in PROTOCOL_VERSIONS:
             raise LayoutError(
-                f"DA layout version {wire['version']!r} is not supported (expected {PROTOCOL_VERSION})"
+                f"DA layout version {version!r} is not supported (expected one of {PROTOCOL_VERSIONS})"
             )
         if wire["prompt_len"] != len(prompt_token_ids):
             raise LayoutError(
@@ -158,6 +176,7 @@ class PromptLayout:
             block_size=wire["block_size"],
             chunk_spans=tuple(tuple(s) if isinstance(s, list | tuple) else (s,) for s in spans),
             thinking=bool(wire.get("thinking", False)),
+            protocol_version=version,
         )
 
 
@@ -177,6 +196,7 @@ def build_prompt(
     repeat_question: bool = True,
     pad_token_id: int | None = None,
     instructions: bool = True,
+    protocol_version: int = PROTOCOL_VERSION,
 ) -> PromptLayout:
     """Lay out a DA prompt.
 
@@ -195,6 +215,8 @@ def build_prompt(
         instructions: put the protocol instructions in the system message. A model that learns the
             protocol from SFT (the tiny default, trained from scratch) does not need them; a pretrained
             model following DA zero-shot does.
+        protocol_version: the DA protocol version completions are parsed with (``PROTOCOL_VERSIONS``;
+            the instructions are the same for every version).
     """
     if style not in LAYOUT_STYLES:
         raise LayoutError(f"style must be one of {LAYOUT_STYLES}, got {style!r}")
@@ -236,7 +258,9 @@ def build_prompt(
             ids += _encode(tokenizer, chunks[payload], trusted=False)
             ids += [pad] * (-len(ids) % block_size)
             spans.append((start, len(ids)))
-    return PromptLayout(tuple(ids), block_size, tuple(spans), thinking, used_style, tuple(chunks))
+    return PromptLayout(
+        tuple(ids), block_size, tuple(spans), thinking, used_style, tuple(chunks), protocol_version
+    )
 
 
 def _split_context(context, chunk_tokens, tokenizer) -> list[str]:

@@ -26,8 +26,14 @@ Rules (the README repeats them; tests pin each one):
   mode tag still open at the end: each is a violation.
 - In thinking mode ``<think>``/``</think>`` are read and change nothing; DA tags inside and outside
   them are parsed alike.
-- Anything else that looks like ``<...>`` is plain text (``x < 3 and y > 2``); so is a ``<focus``
-  tag longer than ``MAX_TAG_CHARS``.
+- Anything else that looks like ``<...>`` is plain text (``x < 3 and y > 2``, ``<focused>``); so is a
+  ``<focus`` tag longer than ``MAX_TAG_CHARS``.
+- Version 2 (``PROTOCOL_VERSION``; ``version=1`` reads as before): text that starts a DA tag -- ``<`` or
+  ``</`` and a complete tag name (``global``, ``local``, ``focus``, ``answer``) followed by a character
+  that cannot continue a name (not a letter, digit, ``_`` or ``-``), or by the end of the text -- but
+  does not complete a tag is a ``malformed_tag`` violation: ``</focus junk``, ``<global junk>``,
+  ``<answer junk``, ``<focus magic_chunks="3"`` without ``>`` within ``MAX_TAG_CHARS``. Its text stays
+  text and the mode does not change. ``<focused>`` and ``<answers>`` are other names: plain text.
 - The parser never raises on model output.
 
 Because every decision depends only on the characters read so far, the mode after any prefix does
@@ -40,6 +46,8 @@ import itertools
 import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from .instructions import PROTOCOL_VERSION, PROTOCOL_VERSIONS
 
 MAX_TAG_CHARS = 256  # a `<focus ...>` candidate longer than this is plain text (bounds buffering)
 
@@ -79,6 +87,7 @@ VIOLATION_KINDS = (
     "unclosed_answer",  # <answer> without </answer>; the text to the end is the answer
     "tag_in_answer",  # a mode tag inside the answer
     "text_after_answer",  # non-whitespace text after </answer>
+    "malformed_tag",  # (v2) a DA tag name opened but no tag completed: `</focus junk`; read as text
 )
 
 _MODE_TAGS = {"<global>": GLOBAL, "<local>": LOCAL}
@@ -92,6 +101,23 @@ _ID_SEPARATORS = re.compile(r"[,\s]+")
 
 def _prefixes(words) -> frozenset[str]:
     return frozenset(w[:i] for w in words for i in range(1, len(w) + 1))
+
+
+# v2: a failed candidate that begins with one of these (then a non-name character, or nothing) is malformed
+_TAG_HEADS = frozenset({*(t[:-1] for t in (*_MODE_TAGS, *_CLOSE_TAGS, *_ANSWER_TAGS)), _FOCUS_HEAD})
+
+
+def _names_a_tag(candidate: str) -> bool:
+    """Does ``candidate`` (text from a ``<``) begin with a complete DA tag name, i.e. ``<`` or ``</``,
+    a tag name, then a character that cannot continue a name or nothing?
+
+    >>> [_names_a_tag(t) for t in ("</focus junk", "<answer", "<focused>", "<glob x", "x < 3")]
+    [True, True, False, False, False]
+    """
+    start = end = 2 if candidate.startswith("</") else 1
+    while end < len(candidate) and (candidate[end].isalnum() or candidate[end] in "_-"):
+        end += 1
+    return end > start and candidate[:end] in _TAG_HEADS
 
 
 # (exact tags, every prefix of a tag) for non-thinking and thinking mode, built once
@@ -154,11 +180,13 @@ class ProtocolParser:
 
     ``feed(piece)`` returns the mode state in force after the piece, i.e. the state under which the
     *next* token is predicted. ``transitions`` records ``(offset, state)`` at every change, so the
-    engine pays nothing for segment bookkeeping it does not read.
+    engine pays nothing for segment bookkeeping it does not read. ``version`` is the protocol version
+    to read (``PROTOCOL_VERSIONS``); version 1 does not know ``malformed_tag``.
     """
 
     num_chunks: int
     thinking: bool = False
+    version: int = PROTOCOL_VERSION
     state: ModeState = field(default=GLOBAL_STATE, init=False)
     violations: list[Violation] = field(default_factory=list, init=False)
     transitions: list[tuple[int, ModeState]] = field(default_factory=lambda: [(0, GLOBAL_STATE)], init=False)
@@ -166,6 +194,8 @@ class ProtocolParser:
     def __post_init__(self):
         if self.num_chunks < 0:
             raise ValueError(f"num_chunks must be >= 0, got {self.num_chunks}")
+        if type(self.version) is not int or self.version not in PROTOCOL_VERSIONS:
+            raise ValueError(f"protocol version must be one of {PROTOCOL_VERSIONS}, got {self.version!r}")
         self._exact, self._tag_prefixes = _TAGS[bool(self.thinking)]
         self._consumed = 0  # characters fully read (as text or as a completed tag)
         self._pending = ""  # a candidate tag that is not complete yet, starting with "<"
@@ -203,7 +233,7 @@ class ProtocolParser:
         """End of the completion: flush, record end-of-stream violations, return the result."""
         if self._pending:
             pending, self._pending = self._pending, ""
-            self._text(pending)
+            self._not_a_tag(pending)
         end = self._consumed
         if self._open_mode is not None:
             self._violation("unclosed_mode", end)
@@ -245,10 +275,17 @@ class ProtocolParser:
             # Not a tag. The old candidate held one "<" (at its start), so only `ch` can open a new one.
             self._pending = ""
             if ch == "<":
-                self._text(pending[:-1])
+                self._not_a_tag(pending[:-1], pending)
                 self._pending = "<"
             else:
-                self._text(pending)
+                self._not_a_tag(pending)
+
+    def _not_a_tag(self, text: str, candidate: str | None = None) -> None:
+        """A candidate that failed (``candidate``, by default ``text``) is read as ``text``; from version
+        2 on it is a ``malformed_tag`` when it began with a complete DA tag name."""
+        if self.version >= 2 and _names_a_tag(text if candidate is None else candidate):
+            self._violation("malformed_tag", self._consumed)
+        self._text(text)
 
     @staticmethod
     def _focus_candidate(pending: str) -> bool:
@@ -355,14 +392,20 @@ class ProtocolParser:
         self.violations.append(Violation(kind, position))
 
 
-def parse_completion(text: str, num_chunks: int, thinking: bool = False) -> ParsedCompletion:
-    """Parse a whole completion.
+def parse_completion(
+    text: str, num_chunks: int, thinking: bool = False, version: int = PROTOCOL_VERSION
+) -> ParsedCompletion:
+    """Parse a whole completion (``version``: the protocol version to read it with).
 
     >>> p = parse_completion('<focus magic_chunks="2">x</focus><answer>8</answer>', num_chunks=7)
     >>> [(s.mode, s.chunks) for s in p.segments], p.answer, p.violations
     ([('global', ()), ('focus', (2,)), ('global', ())], '8', [])
+    >>> parse_completion('<focus magic_chunks="2">x</focus junk<answer>8</answer>', 7).violations
+    [Violation(kind='malformed_tag', position=25), Violation(kind='unclosed_mode', position=55)]
+    >>> parse_completion('<focus magic_chunks="2">x</focus junk<answer>8</answer>', 7, version=1).violations
+    [Violation(kind='unclosed_mode', position=55)]
     """
-    parser = ProtocolParser(num_chunks, thinking=thinking)
+    parser = ProtocolParser(num_chunks, thinking=thinking, version=version)
     parser.feed(text)
     result = parser.finish()
     result.text = text

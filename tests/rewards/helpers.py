@@ -104,5 +104,5 @@ def make_trajectory(
     else:
         text, ids = "".join(t for t, _ in completion), piece_ids(tokenizer, completion)[0]
     trace = trace_completion(layout, ids, token_table)
-    parsed = parse_completion(text, layout.num_chunks, thinking=layout.thinking)
+    parsed = parse_completion(text, layout.num_chunks, layout.thinking, layout.protocol_version)
     return Trajectory(example, layout, ids, text, parsed, trace, **fields)

@@ -9,12 +9,15 @@ from rewards.accuracy import (
     Grade,
     GraderOptions,
     Ungradable,
+    candidates,
     exact_match,
     grade,
     math_match,
     normalize_answer,
     numeric_match,
     parse_number,
+    ruler_grade,
+    strict_string_match,
     string_match_all,
     string_match_part,
     token_f1,
@@ -47,6 +50,86 @@ def test_ruler_matching_is_case_insensitive_substring_on_the_postprocessed_predi
     assert string_match_part("acme\tcorp", ["acme corp"]) == 0.0  # the tab became a newline
     # references are used as given: RULER does not strip them
     assert string_match_part("42", [" 42"]) == 0.0
+
+
+# -- precision: candidates that are not references ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "answer, refs, metric, strict, ruler",
+    [
+        # numbers: the reference list must be the whole list; template words are never candidates
+        ("4715293", ["4715293"], "string_match_all", 1.0, 1.0),
+        ("The special magic number is 4715293.", ["4715293"], "string_match_all", 1.0, 1.0),
+        ("4715293, 1234567", ["4715293"], "string_match_all", 0.0, 1.0),
+        ("2003 or 2011", ["2011"], "string_match_part", 0.0, 1.0),
+        ("1234567 and 7654321", ["1234567", "7654321"], "string_match_all", 1.0, 1.0),
+        ("1234567, 1234567", ["1234567", "7654321"], "string_match_all", 0.5, 0.5),  # a repeat is no extra
+        ("47152930", ["4715293"], "string_match_all", 0.0, 1.0),  # a longer number is another number
+        ("1. 4715293", ["4715293"], "string_match_all", 0.0, 1.0),  # a numbered list lists "1"
+        ("4715293x1", ["4715293"], "string_match_all", 0.0, 1.0),  # digit runs glued to letters count
+        # variable names: upper-case identifiers; lower case is not one and so finds nothing
+        ("QXWRT, BLOPA", ["QXWRT", "BLOPA"], "string_match_all", 1.0, 1.0),
+        ("The chain is QXWRT and BLOPA.", ["QXWRT", "BLOPA"], "string_match_all", 1.0, 1.0),
+        ("QXWRT, BLOPA, ZZKEM", ["QXWRT", "BLOPA"], "string_match_all", 0.0, 1.0),
+        ("VAR QXWRT, VAR BLOPA", ["QXWRT", "BLOPA"], "string_match_all", 0.0, 1.0),  # VAR is a name too
+        ("qxwrt blopa zzkem", ["QXWRT", "BLOPA"], "string_match_all", 0.0, 1.0),
+        ("QXWRT = 48213", ["QXWRT"], "string_match_all", 1.0, 1.0),  # numbers are no candidates here
+        # words and phrases have no candidate shape: recall as RULER grades it
+        ("It happened in San Jose, California.", ["San Jose", "SJ"], "string_match_part", 1.0, 1.0),
+        ("apple, pear, plum", ["apple", "pear"], "string_match_all", 1.0, 1.0),
+    ],
+)
+def test_string_matches_pay_precision_unless_told_not_to(answer, refs, metric, strict, ruler):
+    assert grade(answer, refs, metric).score == strict
+    assert ruler_grade(answer, refs, metric).score == ruler
+    assert grade(answer, refs, metric, GraderOptions(strict=False)).score == ruler
+    if strict == 0.0 and ruler > 0:
+        assert grade(answer, refs, metric).reason in ("extra_candidates", None)
+
+
+def test_extra_candidates_is_the_reason():
+    assert grade("4715293, 1234567", ["4715293"], "string_match_all") == Grade(0.0, "extra_candidates")
+    with pytest.raises(Ungradable, match="extra_candidates"):
+        strict_string_match("2003 2011", ["2011"], require_all=False)
+    assert candidates("In 2011, VAR QXWRT = 7.", ["2003"]) == ["2011", "7"]
+
+
+def test_ruler_grade_has_no_length_guard():
+    stuffed = " ".join(str(i) for i in range(1, 101))
+    assert grade(stuffed, ["42"], "string_match_part").reason == "answer_too_long"
+    assert ruler_grade(stuffed, ["42"], "string_match_part") == Grade(1.0, None)  # RULER pays it
+
+
+number_refs = st.lists(st.integers(10, 10**7).map(str), min_size=1, max_size=4, unique=True)
+name_refs = st.lists(
+    st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=3, max_size=6), min_size=1, max_size=4, unique=True
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    refs=number_refs | name_refs,
+    template=st.sampled_from(
+        ["{}", "The answer is {}.", "The special magic numbers are: {}", "{} (all of them)"]
+    ),
+    extra=st.integers(0, 10**7).map(str) | st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=2, max_size=7),
+    where=st.integers(0, 200),
+    separator=st.sampled_from([", ", " ", "; ", " and ", "\n"]),
+    metric=st.sampled_from(["string_match_all", "string_match_part"]),
+    keep=st.integers(1, 4),
+)
+def test_adding_a_candidate_that_is_no_reference_never_raises_accuracy(
+    refs, template, extra, where, separator, metric, keep
+):
+    answer = template.format(separator.join(refs[:keep]))
+    cut = min(where, len(answer))
+    stuffed = answer[:cut] + separator + extra + separator + answer[cut:]
+    before, after = grade(answer, refs, metric).score, grade(stuffed, refs, metric).score
+    assert after <= before
+    same_shape = extra.isdigit() == refs[0].isdigit()
+    if same_shape and extra not in refs and before > 0:
+        assert after == 0.0  # a candidate of the references' shape that is none of them costs everything
 
 
 # -- SQuAD ------------------------------------------------------------------------------------------

@@ -27,23 +27,69 @@ def build(acme_layout, tokenizer, token_table):
     return build
 
 
+# The paper's relative saving as the efficiency term: tests written for it say so.
+RELATIVE = RewardConfig(efficiency_reference="completion")
+
+
 @pytest.fixture(scope="module")
 def gold_saving(acme_layout, tokenizer):
     read, vanilla = reference_reads(acme_layout, piece_ids(tokenizer, ACME_GOLD)[1])
     return 1 - read.sum() / vanilla.sum()
 
 
+@pytest.fixture(scope="module")
+def gold_efficiency(acme_layout, tokenizer):
+    """The default efficiency of the gold trace, from the chunk spans: its reads against 128 vanilla steps."""
+    read, _ = reference_reads(acme_layout, piece_ids(tokenizer, ACME_GOLD)[1])
+    budget = sum(acme_layout.prompt_len + j for j in range(128))
+    return 1 - read.sum() / budget
+
+
 def test_acme_gold_earns_every_component(build, gold_saving):
-    r = score_trajectory(build(ACME_GOLD))
+    r = score_trajectory(build(ACME_GOLD), RELATIVE)
     assert (r.accuracy, r.compliance, r.coverage, r.reasons) == (1.0, 1.0, 1.0, ())
     assert r.efficiency == pytest.approx(gold_saving)
     assert r.kv_saving == pytest.approx(gold_saving)
     assert r.total == pytest.approx(1.0 + 0.5 * gold_saving + 0.25 + 0.25)
 
 
+def test_acme_gold_efficiency_is_measured_against_the_budget_by_default(build, gold_saving, gold_efficiency):
+    r = score_trajectory(build(ACME_GOLD))
+    assert (r.accuracy, r.accuracy_ruler, r.compliance, r.coverage, r.reasons) == (1.0, 1.0, 1.0, 1.0, ())
+    assert r.efficiency == pytest.approx(gold_efficiency)
+    assert r.kv_saving == pytest.approx(gold_saving)  # what dashboards report does not change
+    assert r.total == pytest.approx(1.0 + 0.5 * gold_efficiency + 0.25 + 0.25)
+    shorter = score_trajectory(build(ACME_GOLD), RewardConfig(efficiency_reference_tokens=100))
+    assert 0 < shorter.efficiency < r.efficiency  # a smaller budget: the same reads are a larger share
+
+
+def test_a_budget_the_completion_overspends_pays_zero_not_less(build):
+    r = score_trajectory(build(ACME_GOLD), RewardConfig(efficiency_reference_tokens=1))
+    assert (r.efficiency, r.accuracy, r.compliance) == (0.0, 1.0, 1.0)
+
+
+def test_budget_in_bytes_and_time_use_the_same_budget_steps(build):
+    cost = DecodeCost(KVShape(num_layers=4, num_kv_heads=2, head_dim=32), query_heads=4, matmul_params=10**6)
+    trajectory = build(ACME_GOLD)
+    tokens = score_trajectory(trajectory).efficiency
+    in_bytes = score_trajectory(trajectory, RewardConfig(efficiency_unit="bytes"), cost).efficiency
+    assert in_bytes == pytest.approx(
+        tokens
+    )  # every layer keeps the same KV: bytes are tokens times a constant
+    reads = KVReads.from_trajectory(trajectory)
+    da, _ = decode_seconds(reads, cost)
+    budget, _ = decode_seconds(KVReads.causal(trajectory.layout.prompt_len, 128), cost)
+    timed = score_trajectory(trajectory, RewardConfig(efficiency_unit="time"), cost).efficiency
+    assert timed == pytest.approx(1 - da / budget)
+
+
 def test_weights_are_applied(build, gold_saving):
     config = RewardConfig(
-        accuracy_weight=2.0, efficiency_weight=1.0, compliance_weight=0.0, coverage_weight=0.5
+        accuracy_weight=2.0,
+        efficiency_weight=1.0,
+        compliance_weight=0.0,
+        coverage_weight=0.5,
+        efficiency_reference="completion",
     )
     r = score_trajectory(build(ACME_GOLD), config)
     assert r.total == pytest.approx(2.0 + gold_saving + 0.5)
@@ -89,7 +135,9 @@ def test_wrong_answer_earns_no_efficiency_unless_the_gate_is_off(build, gold_sav
     r = score_trajectory(build(wrong))
     assert (r.accuracy, r.efficiency, r.total) == (0.0, 0.0, 0.5)
     assert "efficiency/gated:accuracy" in r.reasons
-    ungated = score_trajectory(build(wrong), RewardConfig(efficiency_min_accuracy=0.0))
+    ungated = score_trajectory(
+        build(wrong), RewardConfig(efficiency_min_accuracy=0.0, efficiency_reference="completion")
+    )
     assert ungated.efficiency == pytest.approx(gold_saving)
 
 
@@ -102,16 +150,20 @@ def test_partial_credit_is_below_the_default_gate(build):
 
 def test_compliance_gate_can_be_turned_off(build):
     text = "<local>Founded 2003, public 2011: 8 years.</local><answer>8 years</answer>"
-    r = score_trajectory(build(text), RewardConfig(efficiency_requires_compliance=False))
+    config = RewardConfig(
+        efficiency_requires_compliance=False, efficiency_min_coverage=0.0, efficiency_reference="completion"
+    )
+    r = score_trajectory(build(text), config)
     assert r.efficiency == r.kv_saving > 0
 
 
 def test_coverage_gate(build):
     text = ACME_GOLD_TEXT.replace('<focus magic_chunks="7">', '<focus magic_chunks="6">')
-    assert score_trajectory(build(text)).efficiency > 0  # off by default
+    assert score_trajectory(build(text), RewardConfig(efficiency_min_coverage=0.0)).efficiency > 0  # off
     r = score_trajectory(build(text), RewardConfig(efficiency_min_coverage=1.0))
     assert (r.coverage, r.efficiency) == (0.5, 0.0)
     assert "efficiency/gated:coverage" in r.reasons
+    assert score_trajectory(build(text)) == r  # on by default: a half-read right answer is a guess
 
 
 # -- units, eviction ------------------------------------------------------------------------------------

@@ -29,6 +29,14 @@ def test_defaults():
     )
     assert config.roofline == Roofline(8e12, 2.25e15, 0.4, 0.7)
     assert config.grader_options == GraderOptions()
+    # the defaults that close the doors GRPO found (tests/rewards/test_reward_hacking.py)
+    assert (config.strict_string_match, config.efficiency_reference, config.efficiency_reference_tokens) == (
+        True,
+        "budget",
+        128,
+    )
+    assert config.efficiency_min_coverage == 1.0 and config.protocol_version == 2
+    assert RewardConfig(strict_string_match=False).grader_options == GraderOptions(strict=False)
 
 
 @pytest.mark.parametrize(
@@ -57,6 +65,15 @@ def test_defaults():
         ("answer_length_slack", 2.5, "RewardConfig.answer_length_slack must be an integer, got 2.5"),
         ("math_timeout_s", True, "RewardConfig.math_timeout_s must be a finite number, got True"),
         ("thinking", "yes", "RewardConfig.thinking must be true or false, got 'yes'"),
+        ("strict_string_match", "no", "RewardConfig.strict_string_match must be true or false"),
+        (
+            "efficiency_reference",
+            "vanilla",
+            "RewardConfig.efficiency_reference must be one of ('budget', 'completion'), got 'vanilla'",
+        ),
+        ("efficiency_reference_tokens", 0, "RewardConfig.efficiency_reference_tokens must be >= 1, got 0"),
+        ("efficiency_reference_tokens", 64.5, "RewardConfig.efficiency_reference_tokens must be an integer"),
+        ("protocol_version", 3, "RewardConfig.protocol_version must be one of (1, 2), got 3"),
     ],
 )
 def test_bad_values_name_the_field(field, value, message):

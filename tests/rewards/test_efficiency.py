@@ -6,7 +6,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rewards.efficiency import DecodeCost, KVReads, Roofline, decode_seconds, kv_bytes, kv_saving
+from rewards.efficiency import (
+    DecodeCost,
+    KVReads,
+    Roofline,
+    budget_efficiency,
+    decode_seconds,
+    kv_bytes,
+    kv_saving,
+)
 from rollouts.masks import KVShape
 from rollouts.protocol import GLOBAL_STATE, LOCAL_STATE
 
@@ -170,3 +178,61 @@ def test_saving_is_at_most_one(data):
             kv_saving(KVReads(read, vanilla))
     else:
         assert kv_saving(KVReads(read, vanilla)) <= 1.0
+
+
+# -- the reward's efficiency: reads against a per-example budget ------------------------------------
+
+
+def test_budget_efficiency_hand_worked():
+    reads = KVReads(np.array([100, 21, 22, 60]), np.array([100, 101, 102, 103]), prompt_len=100)
+    # budget: vanilla over 10 steps from the 100-token prompt = 100 + 101 + ... + 109 = 1045
+    assert budget_efficiency(reads, 10) == pytest.approx(1 - 203 / 1045)
+    assert budget_efficiency(reads, 1) == 0.0  # 203 > 100: overspent, clipped at 0
+    two_layers = KVReads(np.array([[100, 0], [21, 21], [22, 22], [60, 60]]), reads.vanilla, prompt_len=100)
+    assert budget_efficiency(two_layers, 10) == pytest.approx(1 - 306 / (2 * 1045))
+
+
+def test_budget_efficiency_in_bytes_and_time():
+    kv = KVShape(num_layers=2, num_kv_heads=1, head_dim=64, dtype_bytes=2)
+    cost = DecodeCost(kv, query_heads=8, matmul_params=10**9)
+    reads = KVReads(np.array([30, 10]), np.array([40, 41]), prompt_len=40)
+    budget = KVReads.causal(40, 3)  # 40 + 41 + 42
+    assert budget_efficiency(reads, 3, "bytes", cost) == pytest.approx(1 - 40 / 123)
+    da, _ = decode_seconds(reads, cost)
+    full, _ = decode_seconds(budget, cost)
+    assert budget_efficiency(reads, 3, "time", cost) == pytest.approx(1 - da / full)
+
+
+def test_budget_efficiency_needs_the_prompt_length():
+    with pytest.raises(ValueError, match="prompt length"):
+        budget_efficiency(KVReads(np.array([1]), np.array([2])), 8)
+    with pytest.raises(ValueError, match="prompt_len"):
+        KVReads(np.array([1]), np.array([2]), prompt_len=0)
+
+
+def test_trajectories_carry_their_prompt_length(acme_layout, tokenizer, token_table):
+    trajectory = make_trajectory(acme_layout, tokenizer, token_table, ACME_GOLD, acme_example())
+    reads = KVReads.from_trajectory(trajectory)
+    assert reads.prompt_len == acme_layout.prompt_len == reads.vanilla[0]
+
+
+@given(
+    data=st.integers(1, 30).flatmap(
+        lambda n: st.tuples(
+            st.integers(1, 5000),  # prompt length
+            hnp.arrays(np.int64, n, elements=st.integers(1, 5000)),  # reads of the completion
+            hnp.arrays(np.int64, st.integers(1, 20), elements=st.integers(1, 5000)),  # appended steps
+            st.integers(1, 64),  # budget steps
+        )
+    )
+)
+def test_appending_steps_never_raises_the_budget_efficiency(data):
+    """Every step reads at least one KV token, so a longer completion never earns more; the relative
+    saving has no such property (appending cheap steps raises it)."""
+    prompt_len, read, more, steps = data
+
+    def reads(r):
+        return KVReads(r, prompt_len + np.arange(len(r)), prompt_len)
+
+    longer = np.concatenate([read, more])
+    assert budget_efficiency(reads(longer), steps) <= budget_efficiency(reads(read), steps)

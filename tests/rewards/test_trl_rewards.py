@@ -3,6 +3,7 @@
 import math
 import pickle
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -29,10 +30,13 @@ def columns(n=1, **overrides):
 
 
 GOLD_TOTAL = 1.0 + 0.5 * 0.5 + 0.25 + 0.25
+# The columns' 4 steps read 203 KV tokens from a 100-token prompt; against a budget of 4 vanilla steps
+# (406 tokens) that is an efficiency of exactly 0.5, so these plumbing tests keep round numbers.
+CONFIG = RewardConfig(efficiency_reference_tokens=4)
 
 
 def test_text_and_chat_completions_score_alike():
-    reward = DAReward()
+    reward = DAReward(CONFIG)
     chat = [{"role": "assistant", "content": GOLD}]
     blocks = [{"role": "assistant", "content": [{"type": "text", "text": GOLD}]}]
     assert reward(["Q"] * 3, [GOLD, chat, blocks], **columns(3)) == [GOLD_TOTAL] * 3
@@ -50,7 +54,7 @@ def test_completion_text_keeps_only_the_models_messages():
 
 
 def test_components_are_separate_reward_functions():
-    funcs, weights = trl_reward_functions()
+    funcs, weights = trl_reward_functions(CONFIG)
     assert weights == [1.0, 0.0, 0.0, 0.0, 0.0]
     prompts, completions = ["Q", "Q"], [GOLD, "<answer>9</answer>"]
     cols = columns(2)
@@ -69,7 +73,7 @@ def test_components_are_separate_reward_functions():
 def test_reward_functions_pickle_and_keep_their_names():
     from trl.trainer.utils import get_callable_name
 
-    funcs, _ = trl_reward_functions()
+    funcs, _ = trl_reward_functions(CONFIG)
     restored = pickle.loads(pickle.dumps(funcs))
     assert [get_callable_name(f) for f in restored] == [
         "da_reward",
@@ -95,7 +99,7 @@ def test_reasons_are_logged_and_absent_ones_log_zero():
 
 def test_trainer_only_kwargs_are_ignored():
     # GRPOTrainer adds trainer_state, log_extra, log_metric and completion_ids to every call
-    total = DAReward()(
+    total = DAReward(CONFIG)(
         prompts=["Q"], completions=[GOLD], completion_ids=[[1, 2, 3]], trainer_state=object(), **columns()
     )
     assert total == [GOLD_TOTAL]
@@ -177,7 +181,8 @@ def test_bytes_unit_needs_a_cost_at_construction():
     with pytest.raises(ValueError, match="efficiency_unit='time'"):
         DAReward(RewardConfig(efficiency_unit="time"))
     cost = DecodeCost(KVShape(num_layers=2, num_kv_heads=1, head_dim=64), query_heads=8)
-    assert DAReward(RewardConfig(efficiency_unit="bytes"), cost)(["Q"], [GOLD], **columns()) == [GOLD_TOTAL]
+    bytes_config = replace(CONFIG, efficiency_unit="bytes")
+    assert DAReward(bytes_config, cost)(["Q"], [GOLD], **columns()) == [GOLD_TOTAL]
 
 
 # -- bad input ----------------------------------------------------------------------------------------
@@ -277,4 +282,27 @@ def test_never_raises_and_always_returns_a_finite_total(
 def test_thinking_completions():
     # the modes work the same inside <think>; the answer comes after it
     thought = f"<think>\n{GOLD.replace('<answer>8 years</answer>', '')}\n</think>\n<answer>8 years</answer>"
-    assert DAReward(RewardConfig(thinking=True))(["Q"], [thought], **columns()) == [GOLD_TOTAL]
+    assert DAReward(replace(CONFIG, thinking=True))(["Q"], [thought], **columns()) == [GOLD_TOTAL]
+
+
+# -- the budget efficiency from columns -----------------------------------------------------------------
+
+
+def test_the_budget_needs_the_prompt_length_and_finds_it_where_it_is():
+    budget = sum(range(100, 100 + 128))  # the default: vanilla over 128 steps from the 100-token prompt
+    per_step = DAReward().score(["Q"], [GOLD], **columns()).items[0]
+    assert per_step.efficiency == pytest.approx(1 - 203 / budget)  # the first vanilla step reads the prompt
+    assert per_step.kv_saving == 0.5  # the paper's relative saving is reported as before
+    totals = columns(kv_tokens=203, kv_tokens_vanilla=406)
+    r = DAReward().score(["Q"], [GOLD], **totals).items[0]
+    assert (r.efficiency, r.reasons) == (0.0, ("efficiency/no_prompt_len",))
+    r = DAReward().score(["Q"], [GOLD], **(totals | {"prompt_len": [100]})).items[0]
+    assert r.efficiency == pytest.approx(1 - 203 / budget)
+
+
+def test_text_completions_parse_with_the_configured_protocol_version():
+    broken = GOLD.replace("</focus><focus", "</focus junk><focus", 1)
+    v2 = DAReward(CONFIG).score(["Q"], [broken], **columns()).items[0]
+    v1 = DAReward(replace(CONFIG, protocol_version=1)).score(["Q"], [broken], **columns()).items[0]
+    assert "compliance/malformed_tag" in v2.reasons and v2.compliance == 0.0
+    assert "compliance/malformed_tag" not in v1.reasons

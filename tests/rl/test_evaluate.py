@@ -345,3 +345,47 @@ def test_selective_attention_eviction_counts_in_the_kv_reads(rows, tokenizer, to
         assert (
             row.kv_saving == pytest.approx(1 - row.kv_tokens / row.kv_tokens_vanilla) and row.kv_saving > 0.5
         )
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_export_is_evaluated_under_the_protocol_version_it_was_trained_on(
+    tmp_path, tokenizer, token_table, dataset_dir, monkeypatch, version
+):
+    """heed.json's protocol_version reaches the layouts, so the engines parse completions with it: a v1
+    export's `</focus junk` is text, a v2 export's is a malformed tag. No engine runs here."""
+    import rl.evaluate as module
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    tokenizer.save_pretrained(model)
+    info = {"protocol_version": version, "block_size": BLOCK_SIZE, "thinking": False, "instructions": True}
+    (model / "heed.json").write_text(json.dumps(info))
+
+    def broken(example, mode):
+        text = example["gold_completion"].replace("</focus>", "</focus junk>", 1)
+        return tokenizer(text, add_special_tokens=False)["input_ids"], "stop"
+
+    generate = Scripted(tokenizer, token_table)
+    generate.completion = broken
+    monkeypatch.setattr(
+        module,
+        "_run_on_pool",
+        lambda _, requests, modes, *rest: module.run_requests(requests, generate, modes=modes),
+    )
+    report = module.eval_checkpoint(model, dataset_dir, modes="da", limit=1)
+    assert report.meta["protocol_version"] == version
+    assert {r.layout.protocol_version for r in generate.calls[0]} == {version}
+    malformed = ["malformed_tag" in [v.kind for v in t.parsed.violations] for t in report.trajectories]
+    assert malformed == [version == 2] * len(report.trajectories)
+
+    (model / "heed.json").write_text(json.dumps(info | {"protocol_version": 99}))
+    with pytest.raises(EvalError, match="protocol version 99; this Heed reads versions 1, 2"):
+        module.eval_checkpoint(model, dataset_dir, modes="da", limit=1)
+
+
+def test_the_ruler_column_sits_beside_the_rewards_accuracy(scripted_report):
+    report, _ = scripted_report
+    for row in [*report.rows, *report.summaries]:
+        assert 0.0 <= row.accuracy <= row.accuracy_ruler <= 1.0  # strict never pays more than RULER
+    assert "RULER acc." in [c.header for c in report.to_table().columns]

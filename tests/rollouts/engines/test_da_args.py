@@ -32,6 +32,17 @@ def test_round_trip(mode):
     assert spec.masked == (mode == "da")
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_layout_keeps_its_protocol_version_through_the_wire(version):
+    # a v1 export is served as v1: the engine's tracker parses with the version the wire carries
+    from dataclasses import replace
+
+    layout = replace(LAYOUT, protocol_version=version)
+    spec = read_da_args(da_extra_args(layout), IDS)
+    assert spec.layout.protocol_version == version and spec.layout == layout
+    assert (da_cache_salt(spec) == da_cache_salt(read_da_args(da_extra_args(LAYOUT), IDS))) == (version == 2)
+
+
 def test_layout_may_travel_as_json_text():
     # `vllm serve` clients send vllm_xargs values as scalars: the layout comes as a JSON string.
     spec = read_da_args({LAYOUT_KEY: json.dumps(LAYOUT.to_wire())}, IDS)

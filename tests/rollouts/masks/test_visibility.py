@@ -162,3 +162,27 @@ def test_kv_bytes():
     assert shape.kv_bytes(np.array([1, 10])).tolist() == [147456, 1474560]
     with pytest.raises(ValueError, match="unknown KV dtype"):
         KVShape.from_config(cfg, dtype="int3")
+
+
+def test_the_tracker_parses_with_the_layouts_protocol_version(layout, tokenizer, token_table):
+    # a v1 layout (a v1 export served) is read by v1 rules; the same completion under v2 is malformed
+    from dataclasses import replace
+
+    text = '<focus magic_chunks="2">x</focus junk<answer>2</answer>'
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    v1 = trace_completion(replace(layout, protocol_version=1), ids, token_table)
+    v2 = trace_completion(layout, ids, token_table)
+    assert [v.kind for v in v1.parsed.violations] == ["unclosed_mode"]
+    assert [v.kind for v in v2.parsed.violations] == ["malformed_tag", "unclosed_mode"]
+    assert v1.states == v2.states and (v1.kv_tokens == v2.kv_tokens).all()  # the same masks either way
+
+
+def test_causal_kv_tokens_is_what_the_trace_counts_as_vanilla(layout, tokenizer, token_table):
+    from rollouts.masks import causal_kv_tokens, kv_tokens_read
+
+    ids, _ = completion(tokenizer)
+    trace = trace_completion(layout, ids, token_table)
+    assert (trace.kv_tokens_vanilla == causal_kv_tokens(layout.prompt_len, len(ids))).all()
+    positions = layout.prompt_len - 1 + np.arange(len(ids))  # every block visible: kv_tokens_read's rule
+    every_block = positions // layout.block_size + 1
+    assert (causal_kv_tokens(layout.prompt_len, len(ids)) == kv_tokens_read(every_block, positions, 16)).all()

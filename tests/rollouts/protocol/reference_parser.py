@@ -1,7 +1,9 @@
 """An independent, non-streaming DA parser written from the rules, used as the tests' oracle.
 
 It finds tags with one left-to-right regex scan over the whole text (no buffering, no pieces) and
-applies the rules to the tag list. The streaming parser must agree with it on every input.
+applies the rules to the tag list. The streaming parser must agree with it on every input. From
+version 2 on, where no tag matches, a DA tag name opened at ``<`` or ``</`` (then no name character)
+is matched too: a ``malformed_tag`` whose text stays text.
 """
 
 from __future__ import annotations
@@ -12,16 +14,19 @@ import re
 MAX_TAG = 256  # must equal rollouts.protocol.parser.MAX_TAG_CHARS
 
 
-def _tag_regex(thinking: bool) -> re.Pattern:
+def _tag_regex(thinking: bool, version: int) -> re.Pattern:
     exact = ["<global>", "</global>", "<local>", "</local>", "</focus>", "<answer>", "</answer>"]
     if thinking:
         exact += ["<think>", "</think>"]
     # <focus> or <focus + whitespace + up to (MAX_TAG - 8) non-angle chars + '>'
     focus = r"<focus(?:>|\s[^<>]{0," + str(MAX_TAG - 8) + r"}>)"
-    return re.compile("|".join([*map(re.escape, exact), focus]))
+    alternatives = [*map(re.escape, exact), focus]
+    if version >= 2:  # tried last: only where no tag matches. A name character is \w or '-'.
+        alternatives.append(r"(?P<malformed></?(?:global|local|focus|answer))(?![\w-])")
+    return re.compile("|".join(alternatives))
 
 
-def reference_parse(text: str, num_chunks: int, thinking: bool = False):
+def reference_parse(text: str, num_chunks: int, thinking: bool = False, version: int = 2):
     """Return (segments as (mode, chunks, start, end), answer, violations as (kind, position))."""
     violations = []
     state = ("global", ())
@@ -52,11 +57,14 @@ def reference_parse(text: str, num_chunks: int, thinking: bool = False):
             state = new
             changes.append((at, new))
 
-    for m in _tag_regex(thinking).finditer(text):
+    for m in _tag_regex(thinking, version).finditer(text):
         text_run(cursor, m.start())
         tag, start, end = m.group(0), m.start(), m.end()
         cursor = end
-        if tag in ("<global>", "<local>") or tag.startswith("<focus"):
+        if m.lastgroup == "malformed":
+            violations.append(("malformed_tag", start))
+            cursor = start  # its text is text: read on with the next run
+        elif tag in ("<global>", "<local>") or tag.startswith("<focus"):
             if open_mode is not None:
                 violations.append(("nested_mode", start))
             if in_answer:

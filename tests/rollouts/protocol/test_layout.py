@@ -155,12 +155,29 @@ def test_wire_round_trip_and_rejections(tokenizer):
         [],
         {"block_size": 32},
         {**wire, "version": 99},
+        {**wire, "version": True},
+        {**wire, "version": "2"},
         {**wire, "chunk_spans": "1-2"},
         {**wire, "chunk_spans": [[0]]},
         {**wire, "block_size": 0},
     ]:
         with pytest.raises(LayoutError):
             PromptLayout.from_wire(bad, layout.input_ids)
+
+
+def test_the_wire_carries_the_protocol_version(tokenizer):
+    from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS
+
+    layout = build_prompt(QUESTION, DOCS, tokenizer)
+    assert layout.protocol_version == PROTOCOL_VERSION == 2 and PROTOCOL_VERSIONS == (1, 2)
+    v1 = build_prompt(QUESTION, DOCS, tokenizer, protocol_version=1)
+    assert v1.input_ids == layout.input_ids and v1 != layout  # the same prompt, parsed by other rules
+    for version, built in ((1, v1), (2, layout)):
+        wire = built.to_wire()
+        assert wire["version"] == version
+        assert PromptLayout.from_wire(wire, built.input_ids).protocol_version == version
+    with pytest.raises(LayoutError, match="protocol version 3"):
+        build_prompt(QUESTION, DOCS, tokenizer, protocol_version=3)
 
 
 def test_bad_inputs(tokenizer):

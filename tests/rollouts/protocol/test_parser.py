@@ -131,6 +131,64 @@ def test_mode_rules(text, expected_modes, expected_kinds):
     assert kinds(p) == expected_kinds
 
 
+# -- version 2: a DA tag name opened but no tag completed is `malformed_tag` --------------------------
+
+MALFORMED = [
+    # (text, position of each malformed_tag): the issue's door first, then each tag name and shape
+    ('<focus magic_chunks="2">x</focus magic numbers here is: 219.</focus><answer>1</answer>', [25]),
+    ("<global junk>x<answer>1</answer>", [0]),
+    ("<local >x</local><answer>1</answer>", [0]),
+    ("<answer junk<answer>1</answer>", [0]),
+    ("<answer>1</answer >", [9]),
+    ('<answer>1</answer>\n<focus magic_chunks="3"', [19]),  # the tag never ends: end of text
+    ('<focus magic_chunks="3"<local>x</local><answer>1</answer>', [0]),  # '<' before its '>'
+    ('<focus magic_chunks="1"' + " " * MAX_TAG_CHARS + ">x<answer>1</answer>", [0]),  # too long
+    ('<focus"2">x<answer>1</answer>', [0]),  # a quote cannot continue the name
+    ("x </global", [2]),
+    ("<answer", [0]),
+]
+
+
+@pytest.mark.parametrize(("text", "positions"), MALFORMED)
+def test_malformed_tags_are_violations_and_stay_text(text, positions):
+    v2, v1 = parse_completion(text, 5), parse_completion(text, 5, version=1)
+    assert [v.position for v in v2.violations if v.kind == "malformed_tag"] == positions
+    # the only difference from version 1: the violations; the text, modes and answer are v1's
+    assert [v for v in v2.violations if v.kind != "malformed_tag"] == v1.violations
+    assert (modes(v2), v2.answer, v2.mode_tag_spans) == (modes(v1), v1.answer, v1.mode_tag_spans)
+    assert "malformed_tag" not in kinds(v1)
+
+
+def test_the_focus_padding_door_is_closed():
+    """The embedded default's GRPO hack: the needle written twice in one focus, the second time after
+    text that looks like a close but is not one. v1 reads it as compliant; v2 does not."""
+    text = '<focus magic_chunks="2">is: 219.</focus magic numbers here is: 219.</focus><answer>219</answer>'
+    assert kinds(parse_completion(text, 3, version=1)) == []
+    assert kinds(parse_completion(text, 3)) == ["malformed_tag"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x < 3 and y > 2 <answer>a</answer>",
+        "<focused> <answers> <global_x> <local-2> <answer2> <focusing <answer>a</answer>",
+        "<foc us> </glo bal> <ans <answer>a</answer>",  # the name is never complete
+        "<<local>>a</local><answer>a</answer>",
+        "<think junk><answer>a</answer>",  # <think> is no DA tag: its broken forms are text
+        "<Answer>A</Answer><answer>a</answer>",  # names are case-sensitive
+    ],
+)
+def test_other_names_and_plain_angle_brackets_stay_text(text):
+    assert "malformed_tag" not in kinds(parse_completion(text, 5))
+    assert "malformed_tag" not in kinds(parse_completion(text, 5, thinking=True))
+
+
+def test_version_is_checked():
+    for bad in (0, 3, "2", True, 2.0):
+        with pytest.raises(ValueError, match="protocol version"):
+            ProtocolParser(3, version=bad)
+
+
 def test_answer_rules():
     assert parse_completion("<answer>  42 \n</answer>", 1).answer == "42"
     p = parse_completion("thinking out loud", 1)
@@ -166,9 +224,11 @@ def test_thinking_tags_change_nothing():
 
 def test_over_long_focus_tag_is_text():
     long_tag = '<focus magic_chunks="1"' + " " * MAX_TAG_CHARS + ">"
-    p = parse_completion(long_tag + "x<answer>a</answer>", 3)
+    p = parse_completion(long_tag + "x<answer>a</answer>", 3, version=1)
     assert modes(p) == [("global", ())]
     assert MAX_TAG == MAX_TAG_CHARS
+    p = parse_completion(long_tag + "x<answer>a</answer>", 3)  # version 2: text still, and a violation
+    assert modes(p) == [("global", ())] and kinds(p) == ["malformed_tag"]
 
 
 def test_state_changes_exactly_at_closing_bracket():
@@ -181,8 +241,9 @@ def test_state_changes_exactly_at_closing_bracket():
 
 def test_never_raises_on_garbage():
     for text in ["", "<", ">>>", "</", "<focus", '<focus magic_chunks="', "\x00\ud7ff<answer>", "<" * 1000]:
-        p = parse_completion(text, 0)
-        assert isinstance(p.violations, list)
+        for version in (1, 2):
+            p = parse_completion(text, 0, version=version)
+            assert isinstance(p.violations, list)
 
 
 # -- fuzzing --------------------------------------------------------------------------------------
@@ -191,32 +252,38 @@ FRAGMENTS = [
     "<global>", "</global>", "<local>", "</local>", "</focus>", "<answer>", "</answer>", "<think>", "</think>",
     '<focus magic_chunks="', "<focus magic_chunks='", "<focus", "<focus>", " magic_chunks=", '"', "'", ">", "<", "</",
     "1", "2", "3", ",", " ", "\n", "x", "é", "<glob", "al>", "<ans", "wer>", "9", "<focused>", "abc", " \t",
+    "</focus junk", "<global ", "<answer", "</answer", "<local", "</local", "-", "_", ".", "<answers>", "<focus\n",
 ]  # fmt: skip
 
 tag_soup = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=4), max_size=40).map("".join)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=tag_soup, num_chunks=st.integers(0, 4), thinking=st.booleans())
-def test_fuzz_matches_reference(text, num_chunks, thinking):
-    p = parse_completion(text, num_chunks, thinking=thinking)
-    segments, answer, violations = reference_parse(text, num_chunks, thinking)
+@given(text=tag_soup, num_chunks=st.integers(0, 4), thinking=st.booleans(), version=st.sampled_from([1, 2]))
+def test_fuzz_matches_reference(text, num_chunks, thinking, version):
+    p = parse_completion(text, num_chunks, thinking=thinking, version=version)
+    segments, answer, violations = reference_parse(text, num_chunks, thinking, version)
     assert [(s.mode, s.chunks, s.start, s.end) for s in p.segments] == segments
     assert p.answer == answer
     assert [(v.kind, v.position) for v in p.violations] == violations
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=tag_soup, cuts=st.lists(st.integers(0, 200), max_size=12), thinking=st.booleans())
-def test_fuzz_split_invariance(text, cuts, thinking):
+@given(
+    text=tag_soup,
+    cuts=st.lists(st.integers(0, 200), max_size=12),
+    thinking=st.booleans(),
+    version=st.sampled_from([1, 2]),
+)
+def test_fuzz_split_invariance(text, cuts, thinking, version):
     """Where the text is split into pieces never changes the result, nor the state at any cut."""
-    whole = parse_completion(text, 3, thinking=thinking)
+    whole = parse_completion(text, 3, thinking=thinking, version=version)
     points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
-    parser = ProtocolParser(3, thinking=thinking)
+    parser = ProtocolParser(3, thinking=thinking, version=version)
     for a, b in itertools.pairwise(points):
         state = parser.feed(text[a:b])
         # the state after a prefix equals the state of a fresh parse of that prefix
-        prefix = ProtocolParser(3, thinking=thinking)
+        prefix = ProtocolParser(3, thinking=thinking, version=version)
         assert prefix.feed(text[:b]) == state
     result = parser.finish()
     assert result.segments == whole.segments
