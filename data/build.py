@@ -69,7 +69,7 @@ def generate(config: DataConfig, tokenizer, progress: bool = False) -> dict[str,
     count = TokenCounter(tokenizer)
     jobs = _jobs(config)
     rows: dict[str, list[Example]] = {}
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # leak key -> the split that has it
     with _progress(progress, sum(j[3] for j in jobs)) as advance:
         for split, task, target, n in jobs:
             for index in range(n):
@@ -95,7 +95,7 @@ def generate(config: DataConfig, tokenizer, progress: bool = False) -> dict[str,
     return rows
 
 
-def _draw(config, task: Task, target, split, index, count, seen: set[str], chunk_tokens) -> Example:
+def _draw(config, task: Task, target, split, index, count, seen: dict[str, str], chunk_tokens) -> Example:
     for attempt in range(MAX_ATTEMPTS):
         rng = random.Random(f"{config.seed}/{task.name}/{target}/{split}/{index}/{attempt}")
         try:
@@ -105,8 +105,8 @@ def _draw(config, task: Task, target, split, index, count, seen: set[str], chunk
                 f"lengths={target}, chunk_tokens={chunk_tokens}" if target else f"chunk_tokens={chunk_tokens}"
             )
             raise DataError(f"tasks entry {task.name} at {where}: {err}") from None
-        if draft.leak_keys.isdisjoint(seen):
-            seen.update(draft.leak_keys)
+        if all(seen.get(key, split) == split for key in draft.leak_keys):  # no key of another split
+            seen.update(dict.fromkeys(draft.leak_keys - seen.keys(), split))
             return finalize(
                 task.name,
                 draft,
@@ -115,6 +115,7 @@ def _draw(config, task: Task, target, split, index, count, seen: set[str], chunk
                 chunk_tokens=chunk_tokens,
                 target_tokens=target,
                 rng=rng,
+                trace_style=config.trace_style,
             )
     raise DataError(
         f"task {task.name}: could not draw a new example after {MAX_ATTEMPTS} attempts at {split} index "

@@ -18,6 +18,7 @@ import yaml
 from .importers import IMPORTERS
 from .schema import METRICS, DataError
 from .tasks import make_task
+from .traces import TRACE_STYLES
 
 SPLITS = ("train", "validation", "test")
 OOD_SPLIT = "ood"
@@ -55,6 +56,10 @@ class DataConfig:
     # Examples per task and length in each split ("train", "validation", "test").
     splits: dict[str, int] = field(default_factory=lambda: {"train": 100, "validation": 10, "test": 10})
     ood_examples: int = 10  # examples per task in the "ood" split, for tasks that have one
+    # Gold trace wording (data/traces.py): "verbose" (a plan sentence, the needle copied whole; for real
+    # models) or "terse" (the plan names the chunks, the focus copies the value, the answer repeats it;
+    # for a model trained from scratch).
+    trace_style: str = "verbose"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,6 +110,7 @@ def parse_config(raw: dict) -> DataConfig:
     _require(
         isinstance(config.ood_examples, int) and config.ood_examples >= 0, "ood_examples", "must be >= 0"
     )
+    _require(config.trace_style in TRACE_STYLES, "trace_style", f"must be one of {TRACE_STYLES}")
 
     tasks = values.get("tasks", [])
     _require(isinstance(tasks, list), "tasks", "must be a list of {name, params, lengths}")

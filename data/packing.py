@@ -69,10 +69,10 @@ def pack_documents(
 
     pool = _SentencePool(rng, count, expected_tokens=target_tokens - total_needles)
     docs: list[list[str]] = []
-    produced = 0
+    produced, cap = 0, int(CHUNK_FILL * chunk_tokens)  # a document's share, with room to spare
     for i in range(num_docs):
         quota = round(target_tokens * (i + 1) / num_docs) - produced
-        quota = min(quota, int(CHUNK_FILL * chunk_tokens))
+        quota = min(quota, cap)
         sentences, size = pool.fill(quota - per_doc[i], require_one=per_doc[i] == 0)
         mine = [n.text for n in needles if n.doc == i]
         slots = sorted(rng.randint(0, len(sentences)) for _ in mine)
@@ -80,6 +80,18 @@ def pack_documents(
             sentences.insert(slot + offset, text)
         docs.append(sentences)
         produced += size + per_doc[i]
+    # Each document's filler stops short of its quota by a word or two, and a document's first word has no
+    # leading space (so it may count one token less than its memoized count); with small chunks that adds
+    # up to more than the tolerance, so documents with room left, counted exactly, take more filler.
+    real = count([" ".join(d) for d in docs])
+    for i in sorted(range(num_docs), key=lambda i: real[i]):
+        missing = target_tokens - sum(real)
+        if missing <= 0:
+            break
+        more, _ = pool.fill(min(chunk_tokens - 1 - real[i], missing), require_one=False)
+        if more:
+            docs[i].extend(more)
+            real[i] = count.one(" ".join(docs[i]))
     if produced > target_tokens * (1 + LENGTH_TOLERANCE):
         # filler is always cut to its quota, so only needles crowding a document's share get here
         raise DataError(

@@ -13,6 +13,17 @@ wording from small phrase pools so a model learns the protocol rather than one s
                    </think>
                    <answer>...</answer>
 
+Two styles (``TRACE_STYLES``, the data config's ``trace_style``): ``verbose`` (above: a sentence of plan,
+the needle copied whole, the default for real models) and ``terse``, for a model trained from scratch
+that must learn to copy within minutes: the plan only names the chunks, each focus copies the read's
+value-bearing span (``Read.value``: the magic number, not the sentence around it) and the answer repeats
+it, each value written after a space as it stands in the document, so that it is the same token in the
+document, the focus and the answer::
+
+    <global>Chunk 5.</global>
+    <focus magic_chunks="5"> 63</focus>
+    <answer> 63</answer>
+
 Plans never copy the question's key (DESIGN.md: the tiny model could not learn to copy a rare key
 into ``<global>``); they name the chunks. Reads that depend on each other (a variable chain) are
 *chained*: the model returns to global between them to find the next hop. Independent reads are
@@ -66,12 +77,21 @@ _THINK_PLAN = ("Let me plan where to look. ", "Okay. ", "Let me see which chunks
 _THINK_CHECK = ("Let me check: ", "Working it out: ", "", "Now I combine what I copied. ")
 
 
+TRACE_STYLES = ("verbose", "terse")
+
+
 @dataclass(frozen=True)
 class Read:
-    """One extraction: focus on ``chunks`` (1-based) and copy ``quote`` from them."""
+    """One extraction: focus on ``chunks`` (1-based) and copy ``quote`` from them (``value``: the part of
+    the quote that carries the answer, what a terse trace copies; default the whole quote)."""
 
     chunks: tuple[int, ...]
     quote: str
+    value: str = ""
+
+    @property
+    def span(self) -> str:
+        return self.value or self.quote
 
 
 @dataclass(frozen=True)
@@ -96,8 +116,12 @@ def _focus(read: Read) -> str:
     return f'<focus magic_chunks="{",".join(map(str, read.chunks))}">{read.quote}</focus>'
 
 
-def render_trace(plan: TracePlan, rng: random.Random, thinking: bool) -> str:
-    """One gold completion for ``plan``; the wording is drawn from ``rng``."""
+def render_trace(plan: TracePlan, rng: random.Random, thinking: bool, style: str = "verbose") -> str:
+    """One gold completion for ``plan`` in ``style``; the wording is drawn from ``rng``."""
+    if style not in TRACE_STYLES:
+        raise ValueError(f"trace style must be one of {TRACE_STYLES}, got {style!r}")
+    if style == "terse":
+        return _render_terse(plan, thinking)
     answer = f"<answer>{plan.answer}</answer>"
     if plan.minimal:
         return f"<think>\n{plan.combine}\n</think>\n{answer}" if thinking else answer
@@ -131,6 +155,36 @@ def render_trace(plan: TracePlan, rng: random.Random, thinking: bool) -> str:
     return f"<think>\n{body}\n</think>\n{answer}" if thinking else f"{body}\n{answer}"
 
 
-def render_traces(plan: TracePlan, rng: random.Random) -> tuple[str, str]:
-    """(non-thinking, thinking) gold completions, worded independently."""
-    return render_trace(plan, rng, thinking=False), render_trace(plan, rng, thinking=True)
+def _render_terse(plan: TracePlan, thinking: bool) -> str:
+    answer = f"<answer> {plan.answer}</answer>"
+    if plan.minimal:
+        return f"<think>\n{plan.combine}\n</think>\n{answer}" if thinking else answer
+    segments = []
+    if plan.survey:
+        segments.append(f"<global>{plan.survey}</global>")
+    elif plan.chained:
+        for read in plan.reads:
+            segments.append(f"<global>{_terse_where(read.chunks)}</global>")
+            segments.append(_terse_focus(read))
+    else:
+        chunks = sorted({c for r in plan.reads for c in r.chunks})
+        segments.append(f"<global>{_terse_where(chunks)}</global>")
+        segments.extend(_terse_focus(r) for r in plan.reads)
+    if plan.combine:
+        segments.append(f"<local>{plan.combine}</local>")
+    body = "\n".join(segments)
+    return f"<think>\n{body}\n</think>\n{answer}" if thinking else f"{body}\n{answer}"
+
+
+def _terse_where(chunks) -> str:
+    chunks = list(chunks)
+    return f"Chunk{'s' if len(chunks) > 1 else ''} {_chunk_list(chunks)}."
+
+
+def _terse_focus(read: Read) -> str:
+    return f'<focus magic_chunks="{",".join(map(str, read.chunks))}"> {read.span}</focus>'
+
+
+def render_traces(plan: TracePlan, rng: random.Random, style: str = "verbose") -> tuple[str, str]:
+    """(non-thinking, thinking) gold completions in ``style``, worded independently."""
+    return render_trace(plan, rng, False, style), render_trace(plan, rng, True, style)

@@ -25,8 +25,9 @@ from ..traces import Read, TracePlan, render_traces
 
 @dataclass
 class Draft:
-    """A task's example before bookkeeping. ``leak_keys`` identify its content for split hygiene:
-    no two examples of a dataset share a key (so no needle or question repeats across splits)."""
+    """A task's example before bookkeeping. ``leak_keys`` identify its content for split hygiene: no key
+    appears in two splits (so no needle or question of a test example was trained on); within a split
+    keys may recur (a question asked again, in another context, with its own value)."""
 
     question: str
     documents: list[str]
@@ -67,6 +68,7 @@ def finalize(
     chunk_tokens: int,
     target_tokens: int,
     rng: random.Random,
+    trace_style: str = "verbose",
 ) -> Example:
     """Turn a draft into a validated ``Example`` with token counts and gold traces."""
     context_tokens = sum(count(draft.documents))
@@ -75,7 +77,7 @@ def finalize(
             f"{task}: generated {context_tokens} context tokens for target_tokens={target_tokens} "
             f"(outside ±{LENGTH_TOLERANCE:.0%}); this tokenizer may count text non-additively"
         )
-    gold, gold_thinking = render_traces(draft.plan, rng)
+    gold, gold_thinking = render_traces(draft.plan, rng, trace_style)
     example = Example(
         id=example_id,
         task=task,
@@ -98,16 +100,24 @@ def finalize(
     return example
 
 
-def reads_in_document_order(documents: list[str], needles: list[str]) -> tuple[Read, ...]:
-    """One ``Read`` per chunk holding needles, quoting them in the order they appear there."""
-    by_chunk: dict[int, list[tuple[int, str]]] = {}
-    for text in needles:
+def reads_in_document_order(
+    documents: list[str], needles: list[str], values: list[str] | None = None
+) -> tuple[Read, ...]:
+    """One ``Read`` per chunk holding needles, quoting them in the order they appear there;
+    ``values[i]`` is the value-bearing part of ``needles[i]`` (what a terse trace copies)."""
+    by_chunk: dict[int, list[tuple[int, str, str]]] = {}
+    for i, text in enumerate(needles):
         for chunk, doc in enumerate(documents, start=1):
             at = doc.find(text)
             if at >= 0:
-                by_chunk.setdefault(chunk, []).append((at, text))
+                by_chunk.setdefault(chunk, []).append((at, text, values[i] if values else ""))
                 break
-    return tuple(Read((c,), " ".join(t for _, t in sorted(by_chunk[c]))) for c in sorted(by_chunk))
+    reads = []
+    for c in sorted(by_chunk):
+        found = sorted(by_chunk[c])
+        value = ", ".join(v for _, _, v in found) if values else ""
+        reads.append(Read((c,), " ".join(t for _, t, _ in found), value))
+    return tuple(reads)
 
 
 def spread(rng: random.Random, k: int, num_docs: int) -> list[int]:

@@ -93,6 +93,6 @@ class NeedleInHaystack(Task):
         return TracePlan(
             answer=", ".join(answers),
             need=need,
-            reads=reads_in_document_order(documents, real),
+            reads=reads_in_document_order(documents, real, answers),
             combine=combine,
         )

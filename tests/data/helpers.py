@@ -11,8 +11,9 @@ LENGTH_TASKS = tuple(name for name, (cls, _) in TASKS.items() if cls.length_targ
 
 
 def generate(
-    tokenizer, task: str, target: int, seed: int = 0, chunk_tokens: int = 128, params=None, ood=False
-):
+    tokenizer, task: str, target: int, seed: int = 0, chunk_tokens: int = 128, params=None, ood=False,
+    trace_style: str = "verbose",
+):  # fmt: skip
     generator = make_task(task, params)
     count = TokenCounter(tokenizer)
     rng = random.Random(f"test/{seed}/{task}/{target}")
@@ -26,4 +27,5 @@ def generate(
         chunk_tokens=chunk_tokens,
         target_tokens=target,
         rng=rng,
+        trace_style=trace_style,
     )

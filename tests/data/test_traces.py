@@ -2,8 +2,12 @@
 
 import random
 
+import pytest
+
 from data.traces import Read, TracePlan, render_trace
 from rollouts.protocol import parse_completion
+
+from .helpers import LENGTH_TASKS, generate
 
 ACME = TracePlan(
     answer="8",
@@ -81,3 +85,47 @@ def test_survey_stays_global_and_minimal_is_just_the_answer():
     thinking = render_trace(minimal, random.Random(0), thinking=True)
     assert thinking == "<think>\nThe last assignment to x is x=3.\n</think>\n<answer>3</answer>"
     assert parse_completion(thinking, 1, thinking=True).violations == []
+
+
+def test_terse_traces_name_the_chunks_copy_the_values_and_repeat_the_answer():
+    # By hand, the terse form of a two-read plan and of a chain: no plan sentence, the value-bearing span of
+    # each read after a space, the answer after a space (the parser strips it).
+    plan = TracePlan(
+        answer="8", reads=(Read((2,), "It is: 2003.", "2003"), Read((7,), "It is: 2011.", "2011"))
+    )
+    assert render_trace(plan, random.Random(0), thinking=False, style="terse") == (
+        '<global>Chunks 2 and 7.</global>\n<focus magic_chunks="2"> 2003</focus>\n'
+        '<focus magic_chunks="7"> 2011</focus>\n<answer> 8</answer>'
+    )
+    chain = TracePlan(answer="X", reads=(Read((3,), "A = B."), Read((5,), "B = X.")), chained=True)
+    terse = render_trace(chain, random.Random(0), thinking=True, style="terse")
+    assert terse == (
+        '<think>\n<global>Chunk 3.</global>\n<focus magic_chunks="3"> A = B.</focus>\n<global>Chunk 5.</global>\n'
+        '<focus magic_chunks="5"> B = X.</focus>\n</think>\n<answer> X</answer>'
+    )
+    assert parse_completion(terse, 7, thinking=True).violations == []
+    # no wording is drawn: the rng does not matter
+    assert {render_trace(ACME, random.Random(s), thinking=False, style="terse") for s in range(5)} == {
+        render_trace(ACME, random.Random(0), thinking=False, style="terse")
+    }
+
+
+@pytest.mark.parametrize("task", LENGTH_TASKS)
+def test_every_generator_writes_terse_traces_that_parse_and_cover_the_evidence(tokenizer, task):
+    example = generate(tokenizer, task, 400, trace_style="terse")
+    for trace, thinking in ((example.gold_completion, False), (example.gold_completion_thinking, True)):
+        parsed = parse_completion(trace, example.num_chunks, thinking=thinking)
+        assert parsed.violations == [], trace
+        assert all(a in parsed.answer for a in example.answers)
+        if not task.startswith("aggregation"):
+            assert set(parsed.focused_chunks) >= set(example.evidence_chunks)
+        for segment in (s for s in parsed.segments if s.mode == "focus"):
+            copied = trace[segment.start : segment.end].removesuffix("</focus>").strip()
+            assert any(copied in example.documents[c - 1] for c in segment.chunks) or ", " in copied, copied
+    if task.startswith("niah"):  # the value, not the needle sentence
+        assert "special magic" not in example.gold_completion
+
+
+def test_an_unknown_trace_style_is_refused():
+    with pytest.raises(ValueError, match="trace style"):
+        render_trace(ACME, random.Random(0), thinking=False, style="chatty")
