@@ -48,6 +48,7 @@ import yaml
 
 from rollouts.eviction import CONFIG_KEY
 from rollouts.protocol import PROTOCOL_VERSION, system_instructions
+from rollouts.protocol.layout import LAYOUT_STYLES
 
 logger = logging.getLogger(__name__)
 
@@ -235,9 +236,9 @@ def _run_settings(run_dir: Path) -> dict:
     ):
         raise ExportError(f"{path}: selective.budgets must be a list of numbers, got {budgets!r}")
     layout_style, instructions = run.get("layout_style", "auto"), run.get("instructions", True)
-    if layout_style not in ("auto", "tool", "plain") or not isinstance(instructions, bool):
+    if layout_style not in LAYOUT_STYLES or not isinstance(instructions, bool):
         raise ExportError(
-            f"{path}: run.layout_style must be auto/tool/plain and run.instructions true or false, "
+            f"{path}: run.layout_style must be one of {', '.join(LAYOUT_STYLES)} and run.instructions true or false, "
             f"got {layout_style!r} and {instructions!r}"
         )
     return {

@@ -40,7 +40,7 @@ from .neutralize import neutralize
 
 logger = logging.getLogger(__name__)
 
-LAYOUT_STYLES = ("auto", "tool", "plain")
+LAYOUT_STYLES = ("auto", "tool", "plain", "compact")
 _SENTINEL = re.compile("\ue000(Q|C)(\\d+)\ue001")
 
 
@@ -207,8 +207,10 @@ def build_prompt(
         tokenizer: a HF tokenizer; its chat template is used when it supports tool messages.
         block_size: KV block size of the engine (vLLM's CPU attention needs a multiple of 32).
         thinking: use the thinking-mode instructions and the template's thinking switch.
-        style: ``"tool"`` (chat template tool dialogue), ``"plain"`` (plain text), or ``"auto"``
-            (tool when the template supports it, else plain with a warning).
+        style: ``"tool"`` (chat template tool dialogue), ``"plain"`` (plain text), ``"compact"``
+            (plain text whose chunk headers sit inside their chunk's own blocks: no scaffold block per
+            chunk, so a masked chunk hides its header too; for small models on short contexts), or
+            ``"auto"`` (tool when the template supports it, else plain with a warning).
         system_prompt: text placed before the protocol instructions in the system message.
         repeat_question: repeat the question after the chunks (long contexts bury the first one).
         pad_token_id: token used to pad to block boundaries; default: the single token for ``"\\n"``.
@@ -240,9 +242,9 @@ def build_prompt(
             logger.warning(
                 "chat template has no usable tool support (%s); using the plain-text DA layout", why
             )
-    used_style = "tool" if rendered is not None else "plain"
+    used_style = "tool" if rendered is not None else ("compact" if style == "compact" else "plain")
     if rendered is None:
-        rendered = _render_plain(tokenizer, system, len(chunks), repeat_question)
+        rendered = _render_plain(tokenizer, system, len(chunks), repeat_question, compact=style == "compact")
 
     pad = _pad_token(tokenizer) if pad_token_id is None else pad_token_id
     ids: list[int] = []
@@ -255,6 +257,8 @@ def build_prompt(
         else:
             ids += [pad] * (-len(ids) % block_size)
             start = len(ids)
+            if used_style == "compact":  # the header is the chunk's first line, inside its blocks
+                ids += _encode(tokenizer, chunk_header(payload + 1), trusted=True)
             ids += _encode(tokenizer, chunks[payload], trusted=False)
             ids += [pad] * (-len(ids) % block_size)
             spans.append((start, len(ids)))
@@ -318,11 +322,17 @@ def _render_tool_dialogue(tokenizer, system, n_chunks, thinking, repeat_question
     return text, ""
 
 
-def _render_plain(tokenizer, system, n_chunks, repeat_question) -> str:
+def _render_plain(tokenizer, system, n_chunks, repeat_question, compact: bool = False) -> str:
     bos = tokenizer.bos_token if _adds_bos(tokenizer) else ""
     parts = [f"{bos}{system + chr(10) * 2 if system else ''}Question: {_sentinel('Q', 0)}\n\n"]
     for i in range(1, n_chunks + 1):
-        parts.append(f"[get_magic_chunk({i})]\n{chunk_header(i)}{_sentinel('C', i - 1)}\n\n")
+        # compact: the header goes inside the chunk's span (build_prompt), and nothing comes between two
+        # chunks, so no block holds only scaffold between them
+        parts.append(
+            _sentinel("C", i - 1)
+            if compact
+            else f"[get_magic_chunk({i})]\n{chunk_header(i)}{_sentinel('C', i - 1)}\n\n"
+        )
     if repeat_question:
         parts.append(f"Question: {_sentinel('Q', 1)}\n")
     parts.append("Response:\n")

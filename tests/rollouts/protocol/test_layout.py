@@ -204,3 +204,24 @@ def test_layout_without_instructions_drops_only_the_instructions(tokenizer):
         for (s0, e0), (s1, e1) in zip(full.chunk_spans, bare.chunk_spans):  # the same chunk tokens
             assert full.input_ids[s0:e0] == bare.input_ids[s1:e1]
             assert s1 % 32 == 0
+
+
+def test_compact_layout_puts_each_header_inside_its_chunk(tokenizer):
+    """compact: "Magic Chunk N:" opens chunk N's own span (so a mask hides it with the chunk), chunks follow
+    one another with no scaffold block between them, and the rest is the plain layout's."""
+    from rollouts.protocol.instructions import chunk_header
+
+    docs = ["The first fact is here.", "The second fact is there.", "A third one."]
+    compact = build_prompt("Which fact?", docs, tokenizer, block_size=32, chunk_tokens=64, style="compact")
+    plain = build_prompt("Which fact?", docs, tokenizer, block_size=32, chunk_tokens=64, style="plain")
+    assert compact.style == "compact" and compact.num_chunks == 3
+    for i, (start, end) in enumerate(compact.chunk_spans, start=1):
+        assert start % 32 == 0 and end % 32 == 0
+        header = tokenizer(chunk_header(i), add_special_tokens=False)["input_ids"]
+        assert list(compact.input_ids[start : start + len(header)]) == header
+        assert tokenizer.decode(compact.input_ids[start:end]).startswith(f"Magic Chunk {i}:\n{docs[i - 1]}")
+    for (_, end), (start, _) in zip(compact.chunk_spans, compact.chunk_spans[1:]):
+        assert end == start  # back to back
+    scaffold = tokenizer.decode([t for t, c in zip(compact.input_ids, compact.chunk_of_token) if c == 0])
+    assert not any(f"Magic Chunk {i}:" in scaffold for i in (1, 2, 3)) and scaffold.count("Which fact?") == 2
+    assert compact.prompt_len < plain.prompt_len
