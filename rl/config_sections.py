@@ -24,6 +24,7 @@ from data.config import OOD_SPLIT, SPLITS, parse_config
 from data.schema import DataError
 from data.tasks import TASKS
 from rl.model import TinyModelConfig
+from rollouts.protocol.layout import LAYOUT_STYLES
 from rollouts.selective import KERNELS
 from rollouts.trajectory import ROLLOUT_MODES
 
@@ -221,9 +222,9 @@ class RunSection(Section):
         check(self.output_dir, self.key("output_dir"), "must be a non-empty path")
         self.at_least("seed", 0)
         check(
-            self.layout_style in ("auto", "tool", "plain"),
+            self.layout_style in LAYOUT_STYLES,
             self.key("layout_style"),
-            f"must be one of auto, tool, plain, got {self.layout_style!r}",
+            f"must be one of {', '.join(LAYOUT_STYLES)}, got {self.layout_style!r}",
         )
         ok = self.block_size > 0 and self.block_size % 16 == 0
         check(
@@ -355,21 +356,37 @@ class SFTSection(Section):
     per_device_batch_size: int = 16  # examples per step per device
     learning_rate: float = 1e-3  # AdamW peak learning rate
     warmup_steps: int = 100  # linear warm-up steps
+    # transformers scheduler after the warm-up: linear (decays to 0 at max_steps), constant_with_warmup, ...
+    lr_scheduler_type: str = "linear"
     weight_decay: float = 0.0  # AdamW weight decay
     logging_steps: int = 10  # log the loss every N steps
-    # Copy warm-up before SFT (rl/copy_warmup.py): steps on random token spans shown twice, which form
-    # the copying circuit needle tasks need; 0 skips it. Same batch size and learning rate as SFT.
+    # Copy warm-up before SFT (rl/copy_warmup.py): short segments that hide a value token and copy it after
+    # a protocol tag, the skill needle tasks need; at most this many steps (0 skips it), stopping once the
+    # held-out copy accuracy reaches copy_warmup_target. SFT's learning rate, twice its batch of rows.
     copy_warmup_steps: int = 0
-    copy_warmup_span: int = 100  # tokens per span (a row is the span twice)
+    copy_warmup_segment: int = 24  # tokens per segment (a row holds five); also the copy rows' below
+    copy_warmup_target: float = 0.95  # held-out copy accuracy that ends the warm-up, in (0, 1]
+    # Copy rows in the SFT mix (rl/copy_warmup.py): from step copy_mix_from_step on, each SFT step also
+    # trains on this many copy rows (0: none). A tiny model learns which chunk to focus from the gold
+    # traces first; the copy rows then teach it to copy the value it finds there (from a step past
+    # sft.max_steps: never, which a shortened run may want).
+    copy_mix_rows: int = 0
+    copy_mix_from_step: int = 0
 
     def validate(self):
         for name in ("max_steps", "per_device_batch_size", "logging_steps"):
             self.at_least(name, 1)
         self.at_least("learning_rate", 0, strict=True)
         self.at_least("warmup_steps", 0)
+        self.one_of("lr_scheduler_type", LR_SCHEDULERS)
         self.at_least("weight_decay", 0)
         self.at_least("copy_warmup_steps", 0)
-        self.at_least("copy_warmup_span", 2)
+        self.at_least("copy_warmup_segment", 4)
+        self.at_least("copy_mix_rows", 0)
+        self.at_least("copy_mix_from_step", 0)
+
+        self.at_least("copy_warmup_target", 0, strict=True)
+        check(self.copy_warmup_target <= 1, self.key("copy_warmup_target"), "must be <= 1 (an accuracy)")
 
     def to_sft_config(self, run: RunSection, output_dir: str, deepspeed: str | None):
         """The ``rl.sft.SFTConfig`` for this section under ``run`` (seed, block size, thinking)."""
@@ -378,8 +395,10 @@ class SFTSection(Section):
         return SFTConfig(
             output_dir=output_dir, max_steps=self.max_steps, per_device_batch_size=self.per_device_batch_size,
             learning_rate=self.learning_rate, warmup_steps=self.warmup_steps, weight_decay=self.weight_decay,
-            logging_steps=self.logging_steps, seed=run.seed, block_size=run.block_size, thinking=run.thinking,
+            lr_scheduler_type=self.lr_scheduler_type, logging_steps=self.logging_steps, seed=run.seed, block_size=run.block_size, thinking=run.thinking,
             layout_style=run.layout_style, instructions=run.instructions, deepspeed=deepspeed,
+            copy_rows=self.copy_mix_rows, copy_from_step=self.copy_mix_from_step,
+            copy_segment=self.copy_warmup_segment,
         )  # fmt: skip
 
 

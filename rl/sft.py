@@ -12,6 +12,9 @@ The loop is Hugging Face's ``Trainer`` (so accelerate/DeepSpeed configs apply un
 collator that builds the masked batch; the model computes the shifted cross-entropy from ``labels``.
 A Selective Attention model (``selective_attention: true``) adds the memory loss ``L_mem`` with weight
 ``memory_eps`` (:class:`MemoryLossTrainer`; logged as ``memory_loss``), which rewards masking context.
+``copy_rows`` adds, from step ``copy_from_step`` on, the loss of that many copy rows per step
+(:func:`rl.copy_warmup.with_copy_rows`; logged as ``copy_loss``): a model trained from scratch learns to
+pick the evidence chunk from gold traces, but copying the value needs denser targets than they hold.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from transformers import Trainer
 
 from data.prompts import gold_completion, layout_example
+from rl.console import interactive, quiet_trainer
 from rl.logprobs import pack
 from rl.selective_model import forward_with_memory_loss
 from rollouts.masks import trace_completion
@@ -102,6 +106,9 @@ class SFTConfig:
     per_device_batch_size: int = 16  # examples per step (per device)
     learning_rate: float = 1e-3  # AdamW; 3e-3 was measured worse for the tiny model
     warmup_steps: int = 100  # linear warm-up
+    lr_scheduler_type: str = (
+        "linear"  # transformers scheduler after the warm-up: linear (decay to 0), constant_with_warmup, ...
+    )
     weight_decay: float = 0.0
     logging_steps: int = 10
     seed: int = 0
@@ -114,6 +121,9 @@ class SFTConfig:
     )
     memory_eps: float = 0.0  # Selective Attention models: weight of L_mem in the loss (paper: 0.1); 0: off
     memory_tau: float = 1.0  # L_mem's tau
+    copy_rows: int = 0  # rl.copy_warmup.ValueCopyRows rows added to each step's loss (0: none)
+    copy_from_step: int = 0  # the first step that adds them
+    copy_segment: int = 24  # tokens per segment of a copy row
 
     def __post_init__(self):
         for name in ("max_steps", "per_device_batch_size", "logging_steps", "block_size"):
@@ -133,6 +143,7 @@ def training_arguments(config: SFTConfig, **overrides):
         per_device_train_batch_size=config.per_device_batch_size,
         learning_rate=config.learning_rate,
         warmup_steps=config.warmup_steps,
+        lr_scheduler_type=config.lr_scheduler_type,
         weight_decay=config.weight_decay,
         logging_steps=config.logging_steps,
         seed=config.seed,
@@ -142,6 +153,7 @@ def training_arguments(config: SFTConfig, **overrides):
         save_strategy="no",
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
+        disable_tqdm=not interactive(),  # off a terminal rl.console.ProgressLines prints lines instead
     )
     return TrainingArguments(**{**fields, **overrides})
 
@@ -167,6 +179,19 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
     memory = getattr(model.config, "selective_attention", False) and config.memory_eps > 0
     collator = DACollator(tokenizer, model.config._attn_implementation or "sdpa", padding_mask=memory)
     trainer_cls, extra = (MemoryLossTrainer, {"memory": config}) if memory else (Trainer, {})
+    if config.copy_rows:
+        from rl.copy_warmup import ValueCopyRows, with_copy_rows
+
+        size = config.copy_rows * max(config.max_steps - config.copy_from_step, 1)
+        rows = ValueCopyRows.for_tokenizer(
+            tokenizer, segment=config.copy_segment, size=size, seed=config.seed
+        )
+        trainer_cls = with_copy_rows(trainer_cls)
+        extra |= {
+            "copy_rows": rows,
+            "copy_per_step": config.copy_rows,
+            "copy_from_step": config.copy_from_step,
+        }
     trainer = trainer_cls(
         model=model,
         args=args,
@@ -175,7 +200,7 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
         callbacks=list(callbacks),
         **extra,
     )
-    trainer.train()
+    quiet_trainer(trainer).train()
     return trainer
 
 

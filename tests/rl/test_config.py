@@ -93,7 +93,8 @@ def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
         ("grpo.deepspeed=configs/deepspeed/zero9.json", "grpo.deepspeed"),
         ("grpo.gradient_accumulation_steps=3", "grpo.gradient_accumulation_steps"),
         ("grpo.top_p=1.5", "grpo.top_p"),
-        ("sft.copy_warmup_span=1", "sft.copy_warmup_span"),
+        ("sft.copy_warmup_segment=3", "sft.copy_warmup_segment"),
+        ("sft.copy_warmup_target=1.5", "sft.copy_warmup_target"),
         ("sft.copy_warmup_steps=-1", "sft.copy_warmup_steps"),
         ("grpo.max_steps=ten", "grpo.max_steps"),
         ("grpo.lr_scheduler_type=constant", "grpo.warmup_steps"),  # it would ignore the 5 warm-up steps

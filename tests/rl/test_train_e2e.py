@@ -34,7 +34,7 @@ OVERRIDES = [
 def run_dir(tmp_path_factory):
     return train_run(
         tmp_path_factory.mktemp("e2e") / "thinking", "configs/tiny-thinking.yaml", *OVERRIDES,
-        "sft.copy_warmup_steps=3", "sft.copy_warmup_span=8", "eval.sampled_samples=2",
+        "sft.copy_warmup_steps=3", "sft.copy_warmup_segment=8", "eval.sampled_samples=2",
     )  # fmt: skip
 
 
