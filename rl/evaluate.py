@@ -166,6 +166,24 @@ class EvalReport:
             )  # fmt: skip
         return table
 
+    def summary_table(self, title: str = "Eval"):
+        """A rich ``Table`` of the per-mode summaries only, narrow enough for an 80-column console (the
+        per-task cells are in :meth:`to_table` and the eval file)."""
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left")
+        columns = ("mode", "n", "acc", "RULER", "compl.", "cover.", "KV saved", "steps", "g/f/l %")
+        for name in columns:
+            table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
+        for row in self.summaries:
+            mix = "/".join(_fmt(getattr(row, f"mode_mix_{m}"), "{:.0f}", scale=100) for m in MODES)
+            table.add_row(
+                row.mode, str(row.n), _fmt(row.accuracy, "{:.3f}"), _fmt(row.accuracy_ruler, "{:.3f}"),
+                _fmt(row.compliance, "{:.3f}"), _fmt(row.coverage, "{:.3f}"), _fmt(row.kv_saving, "{:.1%}"),
+                f"{row.decode_steps:.1f}", mix,
+            )  # fmt: skip
+        return table
+
     def _mode_order(self, mode: str) -> int:
         return self.modes.index(mode) if mode in self.modes else len(self.modes)
 
@@ -491,5 +509,5 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
-def _fmt(value: float | None, fmt: str) -> str:
-    return "–" if value is None else fmt.format(value)
+def _fmt(value: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "–" if value is None else fmt.format(value * scale)

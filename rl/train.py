@@ -2,7 +2,7 @@
 
     setup      run directory, config (secrets dropped), tokenizer, data, model, one rollout pool
     eval       the starting model on held-out data: da / da-nm / vanilla        -> eval/init.json
-    copy_warmup  (sft.copy_warmup_steps > 0) spans shown twice: the copying circuit -> copy_warmup/
+    copy_warmup  (sft.copy_warmup_steps > 0) find a value and copy it: the copy skill -> copy_warmup/
     sft        warm start on gold DA traces, loss under the DA mask            -> sft/
     budget_search  (selective.search_budgets) per-layer KV budgets, paper §4   -> budget_search/
     eval                                                                        -> eval/sft.json
@@ -34,26 +34,37 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
 from rich.table import Table
 from transformers import TrainerCallback
 
 from rl.config import RunConfig, save_run_config
+from rl.console import (
+    LOG_DIR,
+    ProgressLines,
+    console,
+    interactive,
+    quiet_trainer,
+    route_framework_logs,
+)
 from rl.distributed import TrainerRanks, release_process_group
 from rl.export import COMPLETE_MARKER, complete_steps
+from rollouts.pool import ACTOR_LOG_ENV
 from rollouts.selective_attention import SELECTIVE
 
 logger = logging.getLogger(__name__)
-console = Console()
+# what a GRPO progress line shows besides the loss (TRL's mean reward, the batch's accuracy and KV saving)
+GRPO_PROGRESS = ("reward", "heed/reward/accuracy", "heed/reward/kv_saving")
 
 
 class Terminated(Exception):
@@ -201,6 +212,8 @@ class TrainRecipe:
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock()
+        log = route_framework_logs(self.run_dir)
+        console.print(f"[bold]heed[/] run directory {self.run_dir}; framework logs go to {log}")
         save_run_config(cfg, self.run_dir / "config.yaml")
         self._save_state()  # from here on the folder is a run: `--resume` continues it
         return self.state
@@ -324,11 +337,18 @@ class TrainRecipe:
             **({"enable_sleep_mode": True} if self.config.cluster.colocate else {}),
             **cfg.engine_kwargs,
         }
-        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **cfg.env}
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            ACTOR_LOG_ENV: str((self.run_dir / LOG_DIR / "rollout.log").resolve()),
+            **cfg.env,
+        }
         if self.config.selective.enabled:
             env["HEED_SELECTIVE_KERNEL"] = self.config.selective.kernel
         engine = {"vllm": "vLLM", "reference": "reference-engine"}[self.config.rollout_engine]
         console.print(f"[bold]rollout pool[/] {cfg.num_actors} {engine} actor(s) on {model_dir}")
+        import ray  # noqa: F401  (Ray adds its console handler on import: route it to the log like the rest)
+
+        route_framework_logs(self.run_dir)
         return RolloutPool(
             PoolConfig(
                 model=str(model_dir),
@@ -432,17 +452,22 @@ class TrainRecipe:
         return cfg.sft.to_sft_config(cfg.run, str(self.run_dir / "sft_trainer"), cfg.grpo.deepspeed_path)
 
     def copy_warmup(self) -> None:
-        from rl.copy_warmup import copy_accuracy, train_copy_warmup
+        from rl.copy_warmup import train_copy_warmup
 
         cfg = self.config.sft
-        trainer = train_copy_warmup(
+        trainer, criterion = train_copy_warmup(
             self.model, self.tokenizer, self._sft_config(), steps=cfg.copy_warmup_steps,
-            span=cfg.copy_warmup_span, callbacks=[RunDirLogger(self.writer, "copy_warmup")],
+            segment=cfg.copy_warmup_segment, target_accuracy=cfg.copy_warmup_target,
+            callbacks=self._trainer_callbacks("copy_warmup"),
         )  # fmt: skip
-        if self.ranks.is_main and not _partitioned(self.model):
-            accuracy = copy_accuracy(self.model, trainer.train_dataset.held_out())
-            self.writer.log_metrics(cfg.copy_warmup_steps, "copy_warmup", {"copy_accuracy": accuracy})
-            console.print(f"copy warm-up: greedy copy accuracy on unseen repeated spans {accuracy:.3f}")
+        steps = trainer.state.global_step
+        if self.ranks.is_main and criterion.accuracy is not None:
+            self.writer.log_metrics(steps, "copy_warmup", {"copy_accuracy": criterion.accuracy})
+            reached = "reached" if criterion.accuracy >= cfg.copy_warmup_target else "NOT reached"
+            console.print(
+                f"copy warm-up: held-out copy accuracy {criterion.accuracy:.3f} after {steps} steps "
+                f"(target {cfg.copy_warmup_target} {reached})"
+            )
         self._save_trained(trainer, "copy_warmup")
 
     def sft(self) -> None:
@@ -456,9 +481,15 @@ class TrainRecipe:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         trainer = train_sft(
-            self.model, self.tokenizer, rows, sft_config, callbacks=[RunDirLogger(self.writer, "sft")]
+            self.model, self.tokenizer, rows, sft_config, callbacks=self._trainer_callbacks("sft")
         )
         self._save_trained(trainer, "sft")
+
+    def _trainer_callbacks(self, phase: str) -> list[TrainerCallback]:
+        """The run directory's log lines, and on a console that is not a terminal one progress line per
+        log step (HF's tqdm bar is switched off there: ``rl.sft.training_arguments``)."""
+        lines = [] if interactive() else [ProgressLines(phase, extra=("copy_loss", "memory_loss"))]
+        return [RunDirLogger(self.writer, phase), *lines]
 
     def budget_search(self) -> None:
         """Per-layer KV budgets for the policy as it is now (after SFT), by the paper's greedy search (§4)
@@ -572,7 +603,7 @@ class TrainRecipe:
             report_to=self._report_to(),
             run_name=cfg.run.name,
             dataloader_num_workers=0,
-            disable_tqdm=False,
+            disable_tqdm=not interactive(),
         )
         rows = self.data[cfg.data.train_split]
         sampler = CurriculumSampler(
@@ -613,8 +644,10 @@ class TrainRecipe:
             memory_loss=(cfg.selective.grpo_memory_eps, cfg.selective.memory_tau)
             if cfg.selective.enabled
             else None,
-            callbacks=[CheckpointMarker(self.ranks), self._stop],
+            callbacks=[CheckpointMarker(self.ranks), self._stop]
+            + ([] if interactive() else [ProgressLines("grpo", extra=GRPO_PROGRESS)]),
         )
+        quiet_trainer(trainer)
         resume_from = complete_checkpoints(self.run_dir)
         self._in_grpo = True
         try:
@@ -686,7 +719,9 @@ class TrainRecipe:
             )
             self.writer.write_eval(name, step, report.results())
             self.state["eval"][name] = report.by_mode()
-            console.print(report.to_table())
+            self.state.setdefault("eval_examples", {})[name] = per_example_scores(report, "da")
+            console.print(report.summary_table(title=f"eval {name}"))
+            console.print(f"[dim]per task and length: {self.run_dir / 'eval' / (name + '.json')}[/]")
 
         self.ranks.on_main(on_rank0)
 
@@ -712,23 +747,92 @@ class TrainRecipe:
         release_process_group()
 
     def print_summary(self) -> None:
-        table = Table(title=f"Heed run {self.run_dir}")
-        for column in ("model", "mode", "accuracy", "compliance", "coverage", "kv_saving"):
-            table.add_column(column)
-        for name, by_mode in self.state["eval"].items():
-            for mode, row in by_mode.items():
-                table.add_row(
-                    name,
-                    mode,
-                    *(_fmt(row.get(k)) for k in ("accuracy", "compliance", "coverage", "kv_saving")),
-                )
-        console.print(table)
+        """The run's before/after table (`da` greedy, then sampled: random -> SFT -> GRPO, with the paired
+        GRPO - SFT differences and their standard errors), wall times and where everything went."""
+        for suffix, what in (("", "greedy"), ("_sampled", "sampled at grpo.temperature")):
+            table = before_after_table(self.state, suffix, title=f"held-out da, {what}")
+            if table is not None:
+                console.print(table)
+            line = difference_line(self.state, suffix)
+            if line:
+                console.print(line, highlight=False)
         walls = ", ".join(f"{k} {v:.0f}s" for k, v in self.state["wall_s"].items())
         console.print(f"wall time: {walls}")
         for what in ("export", "report"):
             if what in self.state:
                 console.print(f"{what}: {self.state[what]}")
-        console.print(f"run directory: {self.run_dir} (metrics.jsonl, eval/, checkpoints/, state.json)")
+        console.print(
+            f"run directory: {self.run_dir} (metrics.jsonl, eval/, checkpoints/, logs/, state.json)"
+        )
+
+
+SUMMARY_METRICS = ("accuracy", "compliance", "coverage", "kv_saving")  # compared GRPO - SFT per example
+STAGES = (("init", "random"), ("sft", "after SFT"), ("grpo", "after GRPO"))
+
+
+def per_example_scores(report, mode: str) -> dict[str, list]:
+    """``{completion key: [accuracy, compliance, coverage, kv_saving]}`` of one eval mode, the key being
+    ``example id#sample`` so that two evals of the same examples and seeds pair up."""
+    scores, seen = {}, Counter()
+    for t, r in zip(report.trajectories, report.rewards):
+        if t.mode != mode:
+            continue
+        example_id = str(t.example.get("id", "?"))
+        scores[f"{example_id}#{seen[example_id]}"] = [r.accuracy, r.compliance, r.coverage, r.kv_saving]
+        seen[example_id] += 1
+    return scores
+
+
+def paired_difference(
+    before: dict[str, list], after: dict[str, list], metric: int
+) -> tuple[float, float, int]:
+    """Mean of ``after - before`` over the completions both evals scored, its standard error, and n."""
+    diffs = [
+        after[k][metric] - before[k][metric]
+        for k in before.keys() & after.keys()
+        if before[k][metric] is not None and after[k][metric] is not None
+    ]
+    n = len(diffs)
+    if n < 2:
+        return (diffs[0] if diffs else math.nan), math.nan, n
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
+    return mean, math.sqrt(var / n), n
+
+
+def before_after_table(state: dict, suffix: str = "", title: str = "held-out da") -> Table | None:
+    """random -> SFT -> GRPO on the `da` eval named ``<stage><suffix>`` (the sampled evals have no random
+    stage); ``None`` when there is none."""
+    rows = [
+        (label, state["eval"][stage + suffix]["da"])
+        for stage, label in STAGES
+        if stage + suffix in state["eval"]
+    ]
+    if not rows:
+        return None
+    table = Table(title=title, title_justify="left")
+    for column in ("", "acc", "compl.", "cover.", "KV saved", "g/f/l %", "n"):
+        table.add_column(column, justify="left" if not column else "right", no_wrap=True)
+    for label, row in rows:
+        mix = "/".join(_fmt(row.get(f"mode_mix_{m}"), "{:.0f}", 100) for m in ("global", "focus", "local"))
+        cells = [_fmt(row.get(k)) for k in SUMMARY_METRICS]
+        table.add_row(label, *cells, mix, str(row["n"]))
+    return table
+
+
+def difference_line(state: dict, suffix: str = "") -> str | None:
+    """``GRPO - SFT`` on the `da` eval named ``<stage><suffix>``: each metric's mean paired difference
+    over the completions both evals scored, ± its standard error (KV saving per completion here; the
+    table pools tokens over completions). ``None`` before both evals exist."""
+    examples = state.get("eval_examples", {})
+    before, after = examples.get("sft" + suffix), examples.get("grpo" + suffix)
+    if not (before and after):
+        return None
+    cells, n = [], 0
+    for i, name in enumerate(SUMMARY_METRICS):
+        mean, se, n = paired_difference(before, after, i)
+        cells.append(f"{name} {mean:+.3f} ± {se:.3f}")
+    return f"GRPO - SFT (paired, n={n}): " + ", ".join(cells)
 
 
 def _partitioned(model: torch.nn.Module) -> bool:
@@ -736,8 +840,8 @@ def _partitioned(model: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def _fmt(value, spec: str = "{:.3f}", scale: float = 1.0) -> str:
+    return "-" if value is None else spec.format(value * scale)
 
 
 def _matmul_params(model: torch.nn.Module) -> int:

@@ -63,9 +63,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -175,10 +177,27 @@ class PoolConfig:
         return int(kw.get("tensor_parallel_size", 1)) * int(kw.get("pipeline_parallel_size", 1))
 
 
+ACTOR_LOG_ENV = "HEED_ACTOR_LOG"  # set in an actor's environment: its stdout and stderr go to this file
+
+
+def _log_to_file(path: str | None) -> None:
+    """Point this process's stdout and stderr (the engine's logs and warnings) at ``path``, appending.
+    Its errors still reach the driver: Ray raises them there as exceptions."""
+    if not path:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+        os.dup2(log, stream.fileno())
+    os.close(log)
+
+
 class RolloutActor:
     """One engine in one Ray actor process: vLLM, or the transformers reference engine (``engine``)."""
 
     def __init__(self, model: str, block_size: int, engine_kwargs: dict[str, Any], engine: str = "vllm"):
+        _log_to_file(os.environ.get(ACTOR_LOG_ENV))
         if engine == "reference":  # the oracle; Selective Attention too
             from rollouts.engines.reference import ReferenceEngine
 
