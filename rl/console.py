@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from transformers import TrainerCallback
 
-PIPED_WIDTH = 160
+PIPED_WIDTH = 100
 LOG_DIR = "logs"
 FRAMEWORK_LOGGERS = (
     "vllm", "ray", "transformers", "trl", "datasets", "deepspeed", "DeepSpeed", "accelerate", "urllib3",

@@ -7,13 +7,18 @@ targets among hundreds of context tokens, so attention to the one value token st
 the whole context and its gradient is tiny (bench/BENCHMARKS.md, "Training: the embedded default": the
 value's loss stays at chance for hundreds of SFT steps).
 
-So before SFT the model trains, for a few dozen cheap steps, on exactly that skill in miniature: rows
-of short segments, each holding random ordinary tokens, one value token somewhere, then a protocol
-tag's last token (``">`` of a focus tag or ``>`` of ``<answer>``) and the value again, the loss on that
-value only. In a ``segment``-token window the value is one of a few dozen keys, not one of hundreds, so
-the head that finds it and the copy through its values form within ~75 steps on the tiny default (copy
-accuracy on unseen rows 0 -> 0.99); SFT then uses it from its first steps. The warm-up runs until the
-held-out copy accuracy reaches ``target_accuracy`` (checked every ``CHECK_EVERY`` steps) or ``steps``.
+So the model also trains on that skill in miniature: rows of short segments, each holding random
+ordinary tokens, one value token somewhere, then a protocol tag's last token (``">`` of a focus tag or
+``>`` of ``<answer>``) and the value again, the loss on that value only. In a ``segment``-token window
+the value is one token among two dozen, not among hundreds, so the head that finds it and the copy
+through its values form within ~75 steps on the tiny default alone (held-out copy accuracy 0 -> 0.99),
+or in ~200 steps mixed into SFT. Two ways to use the rows:
+
+- :func:`train_copy_warmup`, a phase before SFT (``sft.copy_warmup_steps``), run until the held-out copy
+  accuracy reaches ``target_accuracy`` (checked every ``CHECK_EVERY`` steps) or its step cap;
+- :func:`with_copy_rows`, rows added to every SFT step from a given step on (``sft.copy_mix_rows``). The
+  embedded default does this: a model that copies *before* SFT learns which chunk to focus far more
+  slowly (bench/BENCHMARKS.md), so the copy rows join once chunk choice is under way.
 
 What it leaves out: multi-token values (a value is one token, as the tiny default's two-digit numbers
 are with the local tokenizer) and content-based induction (the row never repeats a span), which this
