@@ -126,6 +126,17 @@ class EvalReport:
         """``{mode: summary}`` (JSON-ready :class:`EvalRow` fields, task and length bin ``"all"``)."""
         return {row.mode: row.to_dict() for row in self.summaries}
 
+    def per_completion(self, mode: str, metrics: Sequence[str]) -> dict[str, list]:
+        """``{"<example id>#<sample>": [each of metrics]}`` (``RewardBreakdown`` fields) for one mode: two
+        evals of the same examples and seeds pair up by key (the paired GRPO - SFT differences)."""
+        scores, seen = {}, Counter()
+        for t, r in zip(self.trajectories, self.rewards):
+            if t.mode == mode:
+                example_id = str(t.example.get("id", "?"))
+                scores[f"{example_id}#{seen[example_id]}"] = [getattr(r, m) for m in metrics]
+                seen[example_id] += 1
+        return scores
+
     def results(self) -> list[dict]:
         """The ``results`` list of an ``eval/<name>.json`` file (``RunWriter.write_eval``)."""
         return [row.to_dict() for row in self.rows]

@@ -39,7 +39,6 @@ import os
 import signal
 import threading
 import time
-from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -719,7 +718,7 @@ class TrainRecipe:
             )
             self.writer.write_eval(name, step, report.results())
             self.state["eval"][name] = report.by_mode()
-            self.state.setdefault("eval_examples", {})[name] = per_example_scores(report, "da")
+            self.state.setdefault("eval_examples", {})[name] = report.per_completion("da", SUMMARY_METRICS)
             console.print(report.summary_table(title=f"eval {name}"))
             console.print(f"[dim]per task and length: {self.run_dir / 'eval' / (name + '.json')}[/]")
 
@@ -755,9 +754,9 @@ class TrainRecipe:
                 console.print(table)
             line = difference_line(self.state, suffix)
             if line:
-                console.print(line, highlight=False)
+                console.print(line, highlight=False, soft_wrap=True)  # one line: the terminal wraps it
         walls = ", ".join(f"{k} {v:.0f}s" for k, v in self.state["wall_s"].items())
-        console.print(f"wall time: {walls}")
+        console.print(f"wall time: {walls}", soft_wrap=True)
         for what in ("export", "report"):
             if what in self.state:
                 console.print(f"{what}: {self.state[what]}")
@@ -768,19 +767,6 @@ class TrainRecipe:
 
 SUMMARY_METRICS = ("accuracy", "compliance", "coverage", "kv_saving")  # compared GRPO - SFT per example
 STAGES = (("init", "random"), ("sft", "after SFT"), ("grpo", "after GRPO"))
-
-
-def per_example_scores(report, mode: str) -> dict[str, list]:
-    """``{completion key: [accuracy, compliance, coverage, kv_saving]}`` of one eval mode, the key being
-    ``example id#sample`` so that two evals of the same examples and seeds pair up."""
-    scores, seen = {}, Counter()
-    for t, r in zip(report.trajectories, report.rewards):
-        if t.mode != mode:
-            continue
-        example_id = str(t.example.get("id", "?"))
-        scores[f"{example_id}#{seen[example_id]}"] = [r.accuracy, r.compliance, r.coverage, r.kv_saving]
-        seen[example_id] += 1
-    return scores
 
 
 def paired_difference(
