@@ -141,6 +141,16 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from rl.serving.command import ServeError, serve
+
+    try:
+        return serve(args.export, args.vllm_args)
+    except ServeError as err:
+        print(f"heed: error: {err}", file=sys.stderr)
+        return 2
+
+
 def _train(args: argparse.Namespace) -> int:
     from rl.config import ConfigError
     from rl.distributed import RankZeroFailed
@@ -331,6 +341,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-cache-gib", type=float, default=1.0, help="vLLM CPU KV cache per engine in GiB (CPU only)"
     )
     evaluate.set_defaults(func=_eval)
+
+    served = commands.add_parser(
+        "serve",
+        help="vLLM's OpenAI-compatible server on an export: DA settings from heed.json, server-side layout, "
+        "KV accounting per response and on /metrics (loopback unless --host is given)",
+    )
+    served.add_argument("export", help="a `heed export` folder")
+    served.add_argument(
+        "vllm_args", nargs=argparse.REMAINDER, help="any further `vllm serve` options (--port 8000, ...)"
+    )
+    served.set_defaults(func=_serve)
 
     budgets = commands.add_parser(
         "budgets",

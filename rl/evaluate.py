@@ -401,22 +401,9 @@ def eval_checkpoint(
     if num_actors < 1:
         raise EvalError(f"--num-actors must be at least 1, got {num_actors}")
     info = read_heed_json(checkpoint)
-    protocol_version = PROTOCOL_VERSION
-    if info is not None:
-        protocol_version = info.get("protocol_version")
-        if type(protocol_version) is not int or protocol_version not in PROTOCOL_VERSIONS:
-            raise EvalError(
-                f"{checkpoint} was trained on DA protocol version {protocol_version!r}; this "
-                f"Heed reads versions {', '.join(map(str, PROTOCOL_VERSIONS))}"
-            )
-        for name, given in (("block_size", block_size), ("thinking", thinking)):
-            if given is not None and given != info.get(name):
-                raise EvalError(f"{checkpoint}/heed.json says {name}={info.get(name)!r}; drop the flag")
-        block_size, thinking = int(info["block_size"]), bool(info["thinking"])
-    layout_style = info.get("layout_style", "auto") if info else "auto"
-    instructions = bool(info.get("instructions", True)) if info else True
-    block_size = 32 if block_size is None else block_size
-    thinking = bool(thinking)
+    settings = layout_settings(checkpoint, info, block_size=block_size, thinking=thinking)
+    block_size, thinking = settings["block_size"], settings["thinking"]
+    protocol_version = settings["protocol_version"]
 
     rows = select_examples(load_split(data_dir, split), limit)
     if not rows:
@@ -426,9 +413,8 @@ def eval_checkpoint(
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     try:
         requests = build_requests(
-            rows, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens,
-            layout_style=layout_style, instructions=instructions, temperature=temperature, samples=samples,
-            seed=seed, protocol_version=protocol_version,
+            rows, tokenizer, modes=modes, max_tokens=max_tokens, temperature=temperature, samples=samples,
+            seed=seed, **settings,
         )  # fmt: skip
     except ValueError as err:  # a row that does not lay out (document longer than its chunk_tokens, ...)
         raise EvalError(str(err)) from None
@@ -453,6 +439,35 @@ def eval_checkpoint(
         "source_step": (info or {}).get("source", {}).get("step"),
     }
     return report
+
+
+def layout_settings(
+    checkpoint: str | Path, info: dict | None, *, block_size: int | None = None, thinking: bool | None = None
+) -> dict:
+    """How prompts for ``checkpoint`` are laid out: :func:`build_requests`' ``block_size``, ``thinking``,
+    ``layout_style``, ``instructions`` and ``protocol_version``, from its ``heed.json`` (``info``, an export)
+    or, without one, the given values and the defaults (32, non-thinking, auto, instructions, the current
+    protocol). A value that contradicts ``heed.json`` is an error. ``heed eval`` and ``heed serve`` both
+    lay prompts out with these, so a served request reads what the eval of the same example read."""
+    protocol_version = PROTOCOL_VERSION
+    if info is not None:
+        protocol_version = info.get("protocol_version")
+        if type(protocol_version) is not int or protocol_version not in PROTOCOL_VERSIONS:
+            raise EvalError(
+                f"{checkpoint} was trained on DA protocol version {protocol_version!r}; this "
+                f"Heed reads versions {', '.join(map(str, PROTOCOL_VERSIONS))}"
+            )
+        for name, given in (("block_size", block_size), ("thinking", thinking)):
+            if given is not None and given != info.get(name):
+                raise EvalError(f"{checkpoint}/heed.json says {name}={info.get(name)!r}; drop the flag")
+        block_size, thinking = int(info["block_size"]), bool(info["thinking"])
+    return {
+        "block_size": 32 if block_size is None else block_size,
+        "thinking": bool(thinking),
+        "layout_style": info.get("layout_style", "auto") if info else "auto",
+        "instructions": bool(info.get("instructions", True)) if info else True,
+        "protocol_version": protocol_version,
+    }
 
 
 def write_eval_json(report: EvalReport, path: str | Path, step: int | None = None) -> Path:

@@ -1,0 +1,188 @@
+"""The ASGI middleware ``heed serve`` hands vLLM (``--middleware rl.serving.middleware.HeedMiddleware``).
+
+Why a middleware: it is the one hook vLLM's OpenAI server offers for rewriting a request and its response
+without replacing vLLM's handlers (endpoint plugins replace routes, and are gated by ``VLLM_PLUGINS``, which
+would also filter the DA plugin's own ``vllm.general_plugins`` entry). It works the same under plain ``vllm
+serve EXPORT --middleware ...``.
+
+Per ``POST /v1/completions``:
+
+1. read the body; :func:`rl.serving.requests.da_request` decides whether it is a DA request (server-side
+   layout -> rewritten to token ids + wire layout; token ids + wire layout -> tracked as sent) or not
+   (passed on byte for byte). A refused one gets a 400 in vLLM's error format and never reaches the engine;
+2. the (rewritten) request runs through vLLM's own handler: validation, the plugin's admission, the mask;
+3. a 200 response gets ``"heed"``: :func:`rl.serving.accounting.request_accounting` of the completion's token
+   ids, added to ``/metrics`` as well. Token ids the client did not ask for are removed again. Any other
+   response goes back untouched; an accounting failure is logged and the completion returned without it.
+
+Layout tokenizes the documents, so it runs on one worker thread, off the event loop (the tokenizer is not
+shared between threads). The layout runs before vLLM's own middleware (``--api-key``): an unauthenticated
+request is tokenized before it is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
+from typing import Any
+
+from .accounting import REJECTED, record_metrics, request_accounting
+from .requests import DARequest, ServeRequestError, da_request
+
+logger = logging.getLogger(__name__)
+
+COMPLETIONS_PATH = "/v1/completions"
+HEED_FIELD = "heed"
+
+
+class _Serving:
+    """What the middleware needs from the served model, loaded on the first request."""
+
+    def __init__(self, app_state):
+        from transformers import AutoTokenizer
+
+        from rl.evaluate import layout_settings
+        from rl.export import read_heed_json
+        from rollouts.masks.accounting import KVShape
+        from rollouts.protocol.tokens import token_bytes_table
+
+        args, vllm_config = app_state.args, app_state.vllm_config
+        model = args.model
+        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model)
+        self.token_table = token_bytes_table(self.tokenizer)
+        self.settings = layout_settings(model, read_heed_json(model), block_size=args.block_size)
+        model_config = vllm_config.model_config
+        cache_dtype = vllm_config.cache_config.cache_dtype
+        dtype = model_config.dtype if cache_dtype in (None, "auto") else cache_dtype
+        self.kv_shape = KVShape.from_config(model_config.hf_config, dtype)
+
+
+class HeedMiddleware:
+    """Server-side DA layout, per-request accounting and ``/metrics`` series (module docstring)."""
+
+    def __init__(self, app):
+        self.app = app
+        self._serving: _Serving | None = None
+        self._lock = asyncio.Lock()
+
+    @cached_property
+    def _executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="heed-layout")
+
+    async def __call__(self, scope, receive, send):
+        if not (
+            scope["type"] == "http" and scope["method"] == "POST" and scope["path"].endswith(COMPLETIONS_PATH)
+        ):
+            return await self.app(scope, receive, send)
+        raw = await _read_body(receive)
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            body = None  # vLLM answers a body that is not JSON
+        serving = await self._serving_state(scope)
+        loop = asyncio.get_running_loop()
+        try:
+            request = await loop.run_in_executor(
+                self._executor, da_request, body, serving.tokenizer, serving.settings
+            )
+        except ServeRequestError as err:
+            REJECTED.inc()
+            return await _send_json(send, 400, _error(str(err)))
+        if request is None:
+            return await self.app(scope, _replay(raw, receive), send)
+        await self._serve(request, scope, receive, send, serving)
+
+    async def _serving_state(self, scope) -> _Serving:
+        if self._serving is None:
+            async with self._lock:
+                if self._serving is None:
+                    state = scope["app"].state
+                    loop = asyncio.get_running_loop()
+                    self._serving = await loop.run_in_executor(self._executor, _Serving, state)
+        return self._serving
+
+    async def _serve(self, request: DARequest, scope, receive, send, serving: _Serving) -> None:
+        forwarded = json.dumps(request.body).encode()
+        scope = {**scope, "headers": _with_length(scope["headers"], len(forwarded))}
+        start: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def capture(message):
+            if message["type"] == "http.response.start":
+                start.update(message)
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+            else:
+                await send(message)
+
+        await self.app(scope, _replay(forwarded, receive), capture)
+        status, payload = start.get("status", 500), b"".join(chunks)
+        if status == 200:
+            payload = self._with_accounting(request, payload, serving)
+        headers = _with_length(start.get("headers", []), len(payload))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    def _with_accounting(self, request: DARequest, payload: bytes, serving: _Serving) -> bytes:
+        try:
+            data = json.loads(payload)
+            (choice,) = data["choices"]
+            accounting = request_accounting(
+                request.layout, request.mode, choice["token_ids"], serving.token_table, serving.kv_shape,
+                choice.get("finish_reason"),
+            )  # fmt: skip
+            if not request.client_wants_token_ids:
+                choice.pop("token_ids", None)
+                choice.pop("prompt_token_ids", None)
+            data[HEED_FIELD] = accounting
+            record_metrics(accounting)
+            return json.dumps(data).encode()
+        except Exception:  # the completion is the client's either way; the accounting is a bonus
+            logger.exception("heed: no accounting for a DA completion; returned without it")
+            return payload
+
+
+def _error(message: str, status: int = 400) -> dict:
+    """vLLM's (OpenAI's) error body."""
+    return {"error": {"message": message, "type": "BadRequestError", "param": "vllm_xargs", "code": status}}
+
+
+async def _read_body(receive) -> bytes:
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(parts)
+
+
+def _replay(body: bytes, receive):
+    """A ``receive`` that yields ``body`` once, then the client's own messages (disconnects)."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _with_length(headers, length: int) -> list:
+    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+    return [*kept, (b"content-length", str(length).encode())]
+
+
+async def _send_json(send, status: int, data: dict) -> None:
+    payload = json.dumps(data).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
