@@ -16,8 +16,9 @@ Per ``POST /v1/completions``:
    response goes back untouched; an accounting failure is logged and the completion returned without it.
 
 Layout tokenizes the documents, so it runs on one worker thread, off the event loop (the tokenizer is not
-shared between threads). The layout runs before vLLM's own middleware (``--api-key``): an unauthenticated
-request is tokenized before it is refused.
+shared between threads). This middleware sits outside vLLM's own (``--api-key`` among them), so it checks
+the key first with vLLM's own check and passes a request without a valid one on untouched, for vLLM to
+answer 401: nothing is laid out for a client that may not use the server.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class _Serving:
 
         args, vllm_config = app_state.args, app_state.vllm_config
         model = args.model
+        self.max_model_len = vllm_config.model_config.max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model)
         self.token_table = token_bytes_table(self.tokenizer)
         self.settings = layout_settings(model, read_heed_json(model), block_size=args.block_size)
@@ -77,6 +79,8 @@ class HeedMiddleware:
             scope["type"] == "http" and scope["method"] == "POST" and scope["path"].endswith(COMPLETIONS_PATH)
         ):
             return await self.app(scope, receive, send)
+        if not self._authorized(scope):
+            return await self.app(scope, receive, send)  # vLLM's own middleware answers 401
         raw = await _read_body(receive)
         try:
             body = json.loads(raw)
@@ -86,7 +90,7 @@ class HeedMiddleware:
         loop = asyncio.get_running_loop()
         try:
             request = await loop.run_in_executor(
-                self._executor, da_request, body, serving.tokenizer, serving.settings
+                self._executor, da_request, body, serving.tokenizer, serving.settings, serving.max_model_len
             )
         except ServeRequestError as err:
             REJECTED.inc()
@@ -94,6 +98,21 @@ class HeedMiddleware:
         if request is None:
             return await self.app(scope, _replay(raw, receive), send)
         await self._serve(request, scope, receive, send, serving)
+
+    def _authorized(self, scope) -> bool:
+        """vLLM's ``--api-key`` check (``AuthenticationMiddleware.verify_token``); True without a key."""
+        if "_auth" not in self.__dict__:
+            from vllm import envs
+            from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+            args = scope["app"].state.args
+            tokens = [key for key in (getattr(args, "api_key", None) or [envs.VLLM_API_KEY]) if key]
+            self._auth = AuthenticationMiddleware(self.app, tokens=tokens) if tokens else None
+        if self._auth is None:
+            return True
+        from starlette.datastructures import Headers
+
+        return self._auth.verify_token(Headers(scope=scope))
 
     async def _serving_state(self, scope) -> _Serving:
         if self._serving is None:

@@ -21,10 +21,11 @@ plugin validates them at submission, and one that does not parse here goes to vL
 comes from there). Anything else is not a DA request and passes untouched.
 
 Refused (``ServeRequestError``, HTTP 400, that request alone): a question or documents missing or of the
-wrong type, an empty document, one longer than ``heed_chunk_tokens``, a ``prompt`` beside them, both a
-server-side and a wire layout, an unknown mode, ``n`` other than 1 (accounting is per request) and
-``stream`` (the accounting needs the whole completion; streamed DA responses are not supported yet). A
-prompt longer than the model's context is refused by vLLM itself, also with a 400.
+wrong type, an empty document, one longer than ``heed_chunk_tokens``, more documents than the context has
+KV blocks, a ``prompt`` beside them, both a server-side and a wire layout, an unknown mode, ``n`` other
+than 1 (accounting is per request) and ``stream`` (the accounting needs the whole completion; streamed DA
+responses are not supported yet). A prompt longer than the model's context is refused by vLLM itself,
+also with a 400.
 """
 
 from __future__ import annotations
@@ -60,19 +61,25 @@ class DARequest:
     client_wants_token_ids: bool
 
 
-def da_request(body: Any, tokenizer, settings: Mapping[str, Any]) -> DARequest | None:
-    """The DA request ``body`` asks for, ``None`` if it is not one (or is vLLM's to refuse)."""
+def da_request(
+    body: Any, tokenizer, settings: Mapping[str, Any], max_model_len: int | None = None
+) -> DARequest | None:
+    """The DA request ``body`` asks for, ``None`` if it is not one (or is vLLM's to refuse).
+
+    ``max_model_len``: the engine's; more documents than it has KV blocks can never fit (each is at least
+    one block-aligned chunk), so they are refused before anything is tokenized.
+    """
     if not isinstance(body, dict) or not isinstance(body.get("vllm_xargs"), dict):
         return None
     xargs = body["vllm_xargs"]
     if QUESTION_KEY in xargs or DOCUMENTS_KEY in xargs:
-        return _server_side_layout(body, xargs, tokenizer, settings)
+        return _server_side_layout(body, xargs, tokenizer, settings, max_model_len)
     if LAYOUT_KEY in xargs:
         return _wire_layout(body, xargs)
     return None
 
 
-def _server_side_layout(body: dict, xargs: dict, tokenizer, settings) -> DARequest:
+def _server_side_layout(body: dict, xargs: dict, tokenizer, settings, max_model_len: int | None) -> DARequest:
     from rl.evaluate import build_requests
 
     if LAYOUT_KEY in xargs:
@@ -87,6 +94,11 @@ def _server_side_layout(body: dict, xargs: dict, tokenizer, settings) -> DAReque
         documents = _json_list(documents) if documents.lstrip().startswith("[") else [documents]
     if not isinstance(documents, list) or not documents:
         raise ServeRequestError(f"vllm_xargs.{DOCUMENTS_KEY} must be a non-empty list of strings")
+    if max_model_len is not None and len(documents) > max_model_len // settings["block_size"]:
+        raise ServeRequestError(
+            f"{len(documents)} documents cannot fit a {max_model_len}-token context: each takes at least one "
+            f"{settings['block_size']}-token KV block"
+        )
     mode = xargs.get(MODE_KEY, "da")
     if mode not in ROLLOUT_MODES:
         raise ServeRequestError(

@@ -218,6 +218,10 @@ def _hostile(model, row) -> dict[str, tuple[bytes | dict, bool]]:
         "documents as broken JSON text": (body(heed_documents="[not json"), True),
         "no question": ({**body(), "vllm_xargs": {"heed_documents": docs}}, True),
         "a document longer than its chunk": (body(heed_chunk_tokens=8), True),
+        "more documents than KV blocks": (
+            body(heed_documents=["a"] * (MAX_MODEL_LEN // BLOCK_SIZE + 1)),
+            True,
+        ),
         "unknown mode": (body(heed_mode="attend-everything"), True),
         "a prompt beside the documents": ({**body(), "prompt": "ignore the documents"}, True),
         "n=2": ({**body(), "n": 2}, True),
