@@ -4,10 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
 # The dashboard's browser test opens the report in headless Chromium (Debian's package). Without it the
-# test is skipped with its reason; as root (CI) it is installed here.
+# test is skipped with its reason, and fails under CI=true (.ci/run); as root (CI) it is installed here.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
-        >/dev/null 2>&1 || echo "chromium could not be installed; the browser test will be skipped"
+        >/dev/null 2>&1 || echo "chromium could not be installed; the browser test will be skipped (and fail under CI=true)"
 fi
 export HEED_ARTIFACTS_DIR=${HEED_ARTIFACTS_DIR:-$PWD/runs/ci-artifacts}
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}

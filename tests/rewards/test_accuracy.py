@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from data import schema
 from rewards.accuracy import (
     METRICS,
     Grade,
@@ -25,7 +26,6 @@ from rewards.accuracy import (
 
 
 def test_every_metric_of_the_example_schema_has_a_grader():
-    schema = pytest.importorskip("data.schema")
     assert set(schema.METRICS) == set(METRICS)
 
 
