@@ -2,8 +2,6 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from rollouts.masks import KVShape, VisibilityTracker, trace_completion, visible_chunks
 from rollouts.masks.visibility import visible_keys
@@ -126,27 +124,6 @@ def test_generated_blocks_stay_visible_in_local_mode(layout, tokenizer, token_ta
     scaffold_blocks = np.flatnonzero(layout.chunk_of_block == 0).tolist()
     last = (layout.prompt_len + len(ids) - 1) // layout.block_size
     assert blocks.tolist() == scaffold_blocks + list(range(layout.num_blocks, last + 1))
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.sampled_from([p for p, _ in PIECES] + ["x", " ", "<", "focus", "\n"]), max_size=30))
-def test_fuzz_tracker_never_reads_hidden_chunks(layout_and_tokens, pieces):
-    layout, tokenizer, token_table = layout_and_tokens
-    ids = tokenizer("".join(pieces), add_special_tokens=False)["input_ids"]
-    trace = trace_completion(layout, ids, token_table)
-    for j in range(len(ids)):
-        state = trace.states[trace.row_state[j]]
-        vis = visible_chunks(state, layout.num_chunks)
-        tracker_blocks = VisibilityTracker(layout, token_table)
-        for token in ids[: j + 1]:
-            blocks = tracker_blocks.advance(token)
-        assert all(vis[layout.chunk_of_block[blk]] for blk in blocks if blk < layout.num_blocks)
-        assert trace.kv_tokens_vanilla[j] >= trace.kv_tokens[j] > 0
-
-
-@pytest.fixture(scope="module")
-def layout_and_tokens(layout, tokenizer, token_table):
-    return layout, tokenizer, token_table
 
 
 def test_kv_bytes():
