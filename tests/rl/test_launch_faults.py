@@ -156,12 +156,13 @@ def test_a_lost_trainer_rank_stops_the_job_and_resume_finishes_it(cluster, tmp_p
             job.kill()
     output = log.read_text()
     assert "FAILED" in output and f"heed launch --resume {run_dir}" in output
-    assert all(
-        a["state"] == "DEAD" for a in job_actors(cluster, log, "RolloutActor")
-    )  # no engine left behind
-    assert all(a["state"] == "DEAD" for a in job_actors(cluster, log, "RayTrainWorker"))
+    rollout_actors = job_actors(cluster, log, "RolloutActor")
+    trainer_workers = job_actors(cluster, log, "RayTrainWorker")
+    assert len(rollout_actors) >= 2 and len(trainer_workers) >= 2  # found, so "all dead" says something
+    assert all(a["state"] == "DEAD" for a in rollout_actors)  # no engine left behind
+    assert all(a["state"] == "DEAD" for a in trainer_workers)
     before = {r["step"]: r["prompts"] for r in grpo_records(run_dir)}
-    assert killed_at >= 2 and len(before) < steps
+    assert killed_at >= 2 and 2 <= len(before) < steps
 
     resume_log = tmp_path / "resume.log"
     resumed = launch(cluster, resume_log, "--resume", str(run_dir))
@@ -174,7 +175,7 @@ def test_a_lost_trainer_rank_stops_the_job_and_resume_finishes_it(cluster, tmp_p
     for record in grpo_records(run_dir):
         after[record["step"]] = record["prompts"]  # a retrained step's last record wins
     assert sorted(after) == list(range(steps))
-    assert all(after[step] == prompts for step, prompts in before.items())  # the same prompts again
+    assert {step: after[step] for step in before} == before  # the same prompts again
 
 
 def test_heed_stop_ends_a_running_job_and_everything_it_started(cluster, tmp_path):

@@ -32,17 +32,21 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
+    # GRPO rollouts gold-forced on even slots (tests/rl/gold_forced_train.py): a reward spread in every
+    # group, so GRPO really changes the policy whose evals the tests below compare
     return train_run(
         tmp_path_factory.mktemp("e2e") / "thinking", "configs/tiny-thinking.yaml", *OVERRIDES,
         "sft.copy_warmup_steps=3", "sft.copy_warmup_segment=8", "eval.sampled_samples=2",
+        module="tests.rl.gold_forced_train",
     )  # fmt: skip
 
 
-def train_run(run_dir, config: str, *overrides):
-    """`heed train --config CONFIG run.output_dir=RUN_DIR OVERRIDES...` in a subprocess; returns RUN_DIR."""
+def train_run(run_dir, config: str, *overrides, module: str = "rl.cli"):
+    """`heed train --config CONFIG run.output_dir=RUN_DIR OVERRIDES...` in a subprocess (``module``: the
+    entry point, ``rl.cli`` or a test wrapper of it); returns RUN_DIR."""
     env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "offline"}
     out = subprocess.run(
-        [sys.executable, "-m", "rl.cli", "train", "--config", config, f"run.output_dir={run_dir}", *overrides],
+        [sys.executable, "-m", module, "train", "--config", config, f"run.output_dir={run_dir}", *overrides],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
@@ -70,6 +74,20 @@ def test_every_phase_ran_and_left_its_output(run_dir):
     assert list((run_dir / "wandb").glob("offline-run-*/files/media/table/heed/samples_*.table.json"))
     report = (run_dir / "report.html").read_text()
     assert "mode_mix" in report or "Mode mix" in report
+
+
+def test_grpo_changed_the_policy(run_dir):
+    """What the comparisons below stand on: every GRPO step had a loss and a gradient, and the final
+    policy is not the SFT one."""
+    from safetensors.torch import load_file
+
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    grpo = [r for r in lines if r["phase"] == "grpo" and "loss" in r]
+    assert [r["step"] for r in grpo] == [1, 2]
+    assert all(abs(r["loss"]) > 1e-4 and r["grad_norm"] > 1e-3 for r in grpo), grpo
+    sft, final = (load_file(run_dir / phase / "model.safetensors") for phase in ("sft", "final"))
+    assert sft.keys() == final.keys()
+    assert max((final[k] - sft[k]).abs().max().item() for k in sft) > 1e-5
 
 
 def test_export_is_a_thinking_model_that_reproduces_the_final_eval(run_dir, tmp_path):

@@ -55,15 +55,19 @@ def runs(checkpoints, requests):
     return out
 
 
-def _mean_gap(a, b) -> float:
-    return float(np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).mean())
+TOLERANCE = 1e-4  # fp32, on every token: vLLM's CPU attention vs the reference engine's
+
+
+def _gaps(a, b) -> np.ndarray:
+    """Per-token absolute log-prob differences of two trajectories of the same tokens."""
+    return np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs))
 
 
 def test_vllm_decodes_selective_attention_under_budgets_as_the_reference_engine(runs, requests):
     for request, ref, got in zip(requests, runs["budgets"], runs["vllm"]):
         assert got.error is None and got.finish_reason == ref.finish_reason
         assert got.completion_ids == ref.completion_ids, request.mode  # the free greedy one too
-        assert _mean_gap(got, ref) <= 1e-4, request.mode
+        assert _gaps(got, ref).max() <= TOLERANCE, request.mode  # one token off fails, not only the mean
         assert np.array_equal(got.kv_tokens_per_layer, ref.kv_tokens_per_layer), request.mode
         if request.mode in ("da", "da-nm"):
             assert got.extra["kv_tokens_engine"] == ref.extra["kv_tokens_engine"]
@@ -84,5 +88,5 @@ def test_the_comparison_can_fail(runs):
     # same weights, other attention: standard attention, or Selective Attention without eviction
     for other in ("standard", "no_budgets"):
         for got, ref in zip(runs["vllm"][:3], runs[other][:3]):
-            assert _mean_gap(got, ref) > 1e-2, other
+            assert _gaps(got, ref).mean() > 1e-2, other  # different on the whole, not on one token
     assert runs["no_budgets"][0].kv_tokens_per_layer is None
