@@ -427,6 +427,10 @@ class GRPOSection(Section):
     epsilon_high: float | None = None  # upper clip (1 + epsilon_high); None = epsilon (DAPO uses 0.28)
     num_iterations: int = 1  # optimizer passes over each generation batch (TRL's mu)
     scale_rewards: str = "group"  # advantage scaling: group (std per group), batch, none (Dr. GRPO)
+    # One trainer forward row per GRPO group, [prompt | c_1 .. c_G], each completion masked to the prompt and
+    # itself: the same log-probs and gradients for ~G x fewer prompt tokens (rl/logprobs.py). null: on, except
+    # for Selective Attention policies (selective.enabled), where true is refused.
+    share_prompt: bool | None = None
     importance_sampling_correction: bool = True  # correct rollout-vs-trainer log-prob mismatch (TRL's vllm_*)
     importance_sampling_mode: str = "token_truncate"  # {token,sequence}_{truncate,mask}: clip or drop ratios
     importance_sampling_clip_max: float = 3.0  # upper bound of the correction ratio

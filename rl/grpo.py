@@ -13,13 +13,18 @@ policy gradient (plus a KL term when ``beta > 0``). Heed changes three things, e
    policy, old-policy and reference log-probs are all computed under the mask built from those
    traces by the shared builder (:func:`rl.logprobs.da_attention`), so ``exp(logp_new - logp_old)`` compares
    like with like. The traces travel in the batch dict TRL builds (``da_traces``), so TRL's shuffling and
-   splitting keep them aligned with their rows.
+   splitting keep them aligned with their rows. With ``share_prompt`` (on by default for DA models) the rows
+   of a forward that share a prompt run as one row ``[prompt | c_1 .. c_k]``
+   (:func:`rl.logprobs.shared_completion_logps`): the same log-probs and gradients, the prompt once per group
+   instead of once per completion. A micro-batch packs whatever of a group TRL's shuffling put in it.
 3. **How weights reach the engines** (:class:`PoolWeightSync`): after every optimizer step, the
    next generation first pushes the policy's parameters to every pool actor (gathered under ZeRO-3).
 
 Selective Attention models: the trainer's forward replays the KV evictions the rollout engine made (the
 budgets in the model config, :class:`~rollouts.selective_attention.AttentionState`), and ``L_mem`` goes
 into the loss through TRL's auxiliary-loss slot (``memory_loss``: weight and tau; logged as ``aux_loss``).
+They run one row per completion: F accumulates over every row a query sees, and a shared row would let a
+completion collect another's selections (``share_prompt=True`` is refused for them).
 
 TRL's vLLM importance-sampling correction stays on (``use_vllm`` is set after TRL's own set-up, so
 TRL starts no vLLM of its own): the ratio between the trainer's and the engine's log-prob of each
@@ -50,7 +55,7 @@ from trl import GRPOTrainer
 
 from data.prompts import layout_example
 from rewards.config import RewardConfig
-from rl.logprobs import masked_completion_logps
+from rl.logprobs import masked_completion_logps, shared_completion_logps
 from rollouts.engines.base import RolloutRequest
 from rollouts.masks import CompletionTrace, trace_completion
 from rollouts.protocol import PromptLayout, token_bytes_table
@@ -219,6 +224,9 @@ class HeedGRPOTrainer(GRPOTrainer):
             dashboard's per-batch reward breakdown is computed with it).
         memory_loss: ``(eps, tau)`` of the memory loss ``L_mem`` added to the loss of a Selective Attention
             policy (``eps`` 0: none), or ``None``.
+        share_prompt: one forward row per distinct prompt (``[prompt | c_1 .. c_k]``) instead of one per
+            completion, for policy, old-policy and reference log-probs and the backward. ``None``: on unless
+            the model is a Selective Attention one; ``True`` with such a model is refused.
         **kwargs: ``GRPOTrainer`` arguments (``model``, ``args``, ``train_dataset``, ``reward_funcs``, ...).
     """
 
@@ -234,6 +242,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         decode_cost=None,
         reward_config=None,
         memory_loss: tuple[float, float] | None = None,
+        share_prompt: bool | None = None,
         **kwargs,
     ):
         training_args = kwargs.get("args")
@@ -242,6 +251,14 @@ class HeedGRPOTrainer(GRPOTrainer):
                 "HeedGRPOTrainer generates with the rollout pool: leave GRPOConfig.use_vllm False "
                 "(the importance-sampling correction is turned on by the trainer itself)"
             )
+        selective = getattr(getattr(kwargs.get("model"), "config", None), "selective_attention", False)
+        if share_prompt and selective:
+            raise ValueError(
+                "grpo.share_prompt: Selective Attention accumulates F over every row a query sees, so a shared "
+                "row would let one completion collect another's selections; set grpo.share_prompt: false "
+                "(or leave it unset: Selective Attention runs one row per completion)"
+            )
+        self.share_prompt = da_mask and (not selective if share_prompt is None else share_prompt)
         self._heed_sampler = sampler
         super().__init__(*args, rollout_func=rollout, **kwargs)
         self.rollout = rollout
@@ -382,8 +399,9 @@ class HeedGRPOTrainer(GRPOTrainer):
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
             state = self._selective_state(model, attention_mask[start:end], compute_aux_loss)
+            forward = shared_completion_logps if self.share_prompt else masked_completion_logps
             with self.accelerator.autocast():
-                logps, entropies = masked_completion_logps(
+                logps, entropies = forward(
                     model,
                     input_ids[start:end],
                     traces[start:end],
@@ -391,7 +409,7 @@ class HeedGRPOTrainer(GRPOTrainer):
                     temperature=self.temperature,
                     attn_implementation=self._attn_implementation(model),
                     compute_entropy=compute_entropy,
-                    heed_state=state,
+                    **({"heed_state": state} if state is not None else {}),
                 )
             all_logps.append(logps)
             if compute_entropy:

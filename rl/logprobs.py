@@ -12,6 +12,15 @@ definition), and runs one forward:
 ``position_ids`` count real tokens only, so RoPE positions equal the engine's whatever the padding.
 The log-prob of ``g_j`` comes from the logits of position ``prompt_len + j - 1``: the row whose mask is
 the state after ``g_0..g_{j-1}``, exactly the forward that predicted ``g_j`` in the engine.
+
+Group-shared prompts (:func:`shared_completion_logps`, ``grpo.share_prompt``): the rows of a batch that
+share a prompt (a GRPO group, or the part of one a micro-batch holds) become one row
+``[prompt | c_1 | ... | c_k]``, so the prompt runs once instead of ``k`` times. Completion ``i`` reads the
+prompt under its own mode states and its own tokens only (:func:`~rollouts.masks.shared_mask_batch`), its
+positions restart at the prompt length, and its first token is predicted by the last prompt row: every
+log-prob is the per-completion forward's, and autograd sums the ``k`` completions' gradients into the one
+prompt copy, as the ``k`` repeated rows did. Not for Selective Attention models: their F accumulates over
+every row a query sees, which a shared row would have to make branch-aware (refused, see ``rl/grpo.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +30,14 @@ from dataclasses import dataclass
 
 import torch
 
-from rollouts.masks import CompletionTrace, block_training_mask, dense_training_mask, mask_batch
+from rollouts.masks import (
+    CompletionTrace,
+    MaskBatch,
+    block_training_mask,
+    dense_training_mask,
+    mask_batch,
+    shared_mask_batch,
+)
 from rollouts.selective_attention import SELECTIVE
 
 
@@ -50,17 +66,22 @@ def da_attention(
     tokens from 0, as the engine does.
     """
     batch = mask_batch(traces, prompt_starts, seq_len)
+    return attention_form(batch, attn_implementation, device), batch.position_ids.to(device)
+
+
+def attention_form(batch: MaskBatch, attn_implementation: str, device: str | torch.device = "cpu"):
+    """The mask ``attn_implementation`` reads: a BlockMask for flex, a dense bool (SDPA, Selective
+    Attention) or additive float (eager) ``[B, 1, T, T]`` otherwise."""
     if attn_implementation == "flex_attention":
-        mask = block_training_mask(batch, device=device)
-    elif attn_implementation in ("sdpa", "eager", SELECTIVE):  # Selective Attention reads the bool mask
+        return block_training_mask(batch, device=device)
+    if attn_implementation in ("sdpa", "eager", SELECTIVE):  # Selective Attention reads the bool mask
         mask = dense_training_mask(batch).to(device)
         if attn_implementation == "eager":  # eager adds the mask to the logits: it needs a float mask
             mask = torch.zeros(mask.shape, device=device).masked_fill_(~mask, torch.finfo(torch.float32).min)
-    else:
-        raise ValueError(
-            f"attn_implementation must be 'sdpa', 'eager' or 'flex_attention', got {attn_implementation!r}"
-        )
-    return mask, batch.position_ids.to(device)
+        return mask
+    raise ValueError(
+        f"attn_implementation must be 'sdpa', 'eager' or 'flex_attention', got {attn_implementation!r}"
+    )
 
 
 def pack(
@@ -155,7 +176,28 @@ def masked_completion_logps(
     """:func:`forward_completion_logps` for a batch someone else padded: row ``b`` is laid out by
     ``traces[b]``, whose prompt must be the tokens just before the completion columns."""
     seq_len = input_ids.size(1)
-    width = seq_len - completion_width
+    starts = prompt_starts(input_ids, traces, completion_width)
+    mask, position_ids = da_attention(traces, starts, seq_len, attn_implementation, input_ids.device)
+    return forward_completion_logps(
+        model,
+        input_ids,
+        mask,
+        position_ids,
+        completion_width,
+        temperature=temperature,
+        compute_entropy=compute_entropy,
+        heed_state=heed_state,
+    )
+
+
+def prompt_starts(
+    input_ids: torch.Tensor,  # [B, P + C]
+    traces: Sequence[CompletionTrace],
+    completion_width: int,  # C
+) -> list[int]:
+    """Where each row's prompt begins in a TRL batch, after checking that its tokens are its trace's
+    prompt and that its trace fits the ``C`` completion columns."""
+    width = input_ids.size(1) - completion_width
     starts = []
     for b, trace in enumerate(traces):
         prompt = trace.layout.input_ids
@@ -171,14 +213,120 @@ def masked_completion_logps(
                 f"row {b}: trace covers {len(trace.row_state)} tokens > {completion_width} kept"
             )
         starts.append(start)
-    mask, position_ids = da_attention(traces, starts, seq_len, attn_implementation, input_ids.device)
-    return forward_completion_logps(
-        model,
-        input_ids,
-        mask,
-        position_ids,
-        completion_width,
-        temperature=temperature,
-        compute_entropy=compute_entropy,
-        heed_state=heed_state,
+    return starts
+
+
+def prompt_groups(traces: Sequence[CompletionTrace]) -> list[list[int]]:
+    """Row indices grouped by prompt (equal layouts), in order of first appearance.
+
+    >>> from types import SimpleNamespace as N
+    >>> prompt_groups([N(layout="a"), N(layout="b"), N(layout="a")])
+    [[0, 2], [1]]
+    """
+    groups: dict[object, list[int]] = {}
+    for b, trace in enumerate(traces):
+        groups.setdefault(trace.layout, []).append(b)
+    return list(groups.values())
+
+
+@dataclass(frozen=True)
+class SharedBatch:
+    """A TRL batch repacked as one row per prompt, ``[pad] prompt c_1 .. c_k [pad]``, with its DA mask."""
+
+    input_ids: torch.Tensor  # [R, T]: R distinct prompts, left-padded to W, completions packed, right-padded
+    attention_mask: object  # [R, 1, T, T] bool tensor, or a BlockMask
+    position_ids: torch.Tensor  # [R, T]: each completion restarts at its prompt's length
+    row: torch.Tensor  # [B] int64: the packed row holding completion b
+    logit_index: torch.Tensor  # [B, C] int64: kept-logit column that predicts token j of completion b
+    real: torch.Tensor  # [B, C] bool: j < the completion's length (its trace)
+    logits_to_keep: int  # T - W + 1: every completion column of every row, and the last prompt row
+
+
+def share_prompts(
+    input_ids: torch.Tensor,  # [B, P + C]: TRL's batch, prompts left-padded, completions right-padded
+    traces: Sequence[CompletionTrace],
+    completion_width: int,  # C
+    attn_implementation: str = "sdpa",
+) -> SharedBatch:
+    """Repack TRL's rows into one row per distinct prompt (see the module docstring).
+
+    Kept logits are the columns ``W - 1 .. T - 1`` (``W``: the widest prompt): column 0 is every row's last
+    prompt row, which predicts each completion's first token; token ``j > 0`` of a completion starting at
+    column ``o`` of the row is predicted by column ``o - W + j``.
+    """
+    starts = prompt_starts(input_ids, traces, completion_width)
+    groups = prompt_groups(traces)
+    lengths = [len(t.row_state) for t in traces]
+    width = max(traces[g[0]].layout.prompt_len for g in groups)
+    seq_len = max(width + sum(lengths[b] for b in g) for g in groups)
+    cpu_ids = input_ids.cpu()
+    tail = input_ids.size(1) - completion_width  # where TRL's completion columns start
+    packed = torch.zeros(len(groups), seq_len, dtype=input_ids.dtype)
+    row = torch.empty(len(traces), dtype=torch.long)
+    first = torch.empty(len(traces), dtype=torch.long)  # kept-logit column of each completion's first token
+    row_starts = []
+    for r, group in enumerate(groups):
+        p = traces[group[0]].layout.prompt_len
+        row_starts.append(width - p)
+        packed[r, width - p : width] = cpu_ids[group[0], starts[group[0]] : tail]
+        offset = width
+        for b in group:
+            packed[r, offset : offset + lengths[b]] = cpu_ids[b, tail : tail + lengths[b]]
+            row[b], first[b] = r, offset - width
+            offset += lengths[b]
+    j = torch.arange(completion_width)
+    real = j[None, :] < torch.tensor(lengths)[:, None]  # [B, C]
+    logit_index = torch.where((j[None, :] > 0) & real, first[:, None] + j[None, :], 0)  # token 0: column 0
+    batch = shared_mask_batch([[traces[b] for b in g] for g in groups], row_starts, seq_len)
+    device = input_ids.device
+    return SharedBatch(
+        packed.to(device),
+        attention_form(batch, attn_implementation, device),
+        batch.position_ids.to(device),
+        row.to(device),
+        logit_index.to(device),
+        real.to(device),
+        seq_len - width + 1,
     )
+
+
+def shared_completion_logps(
+    model,
+    input_ids: torch.Tensor,  # [B, P + C]: TRL's batch, prompts left-padded, completions right-padded
+    traces: Sequence[CompletionTrace],
+    completion_width: int,  # C (TRL's logits_to_keep)
+    *,
+    temperature: float = 1.0,
+    attn_implementation: str = "sdpa",
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`masked_completion_logps` with one prompt forward per distinct prompt: the same ``[B, C]``
+    log-probs (and entropies), 0 past each completion's end."""
+    shared = share_prompts(input_ids, traces, completion_width, attn_implementation)
+    targets = input_ids[:, input_ids.size(1) - completion_width :]  # [B, C]
+    return shared_forward(model, shared, targets, temperature=temperature, compute_entropy=compute_entropy)
+
+
+def shared_forward(
+    model,
+    shared: SharedBatch,
+    targets: torch.Tensor,  # [B, C]: the completion tokens, TRL's columns
+    *,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward over the packed rows, its kept logits gathered back to TRL's ``[B, C]`` layout."""
+    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+    logits = model(
+        input_ids=shared.input_ids,
+        attention_mask=shared.attention_mask,
+        position_ids=shared.position_ids,
+        logits_to_keep=shared.logits_to_keep,
+        use_cache=False,
+    ).logits  # [R, T - W + 1, V]
+    logits = logits[shared.row[:, None], shared.logit_index].float() / temperature  # [B, C, V]
+    logps = selective_log_softmax(logits, targets).masked_fill(~shared.real, 0.0)
+    if not compute_entropy:
+        return logps, None
+    return logps, entropy_from_logits(logits).masked_fill(~shared.real, 0.0)

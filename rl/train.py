@@ -643,6 +643,7 @@ class TrainRecipe:
             memory_loss=(cfg.selective.grpo_memory_eps, cfg.selective.memory_tau)
             if cfg.selective.enabled
             else None,
+            share_prompt=g.share_prompt,
             callbacks=[CheckpointMarker(self.ranks), self._stop]
             + ([] if interactive() else [ProgressLines("grpo", extra=GRPO_PROGRESS)]),
         )

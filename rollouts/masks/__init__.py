@@ -1,7 +1,7 @@
 """Visibility (the single source of truth), KV accounting and training-side masks."""
 
 from .accounting import KVShape, dtype_bytes
-from .training import MaskBatch, block_training_mask, dense_training_mask, mask_batch
+from .training import MaskBatch, block_training_mask, dense_training_mask, mask_batch, shared_mask_batch
 from .visibility import (
     CompletionTrace,
     VisibilityTracker,
@@ -23,6 +23,7 @@ __all__ = [
     "dtype_bytes",
     "kv_tokens_read",
     "mask_batch",
+    "shared_mask_batch",
     "state_visibility",
     "trace_completion",
     "visible_chunks",

@@ -16,6 +16,10 @@ key's chunk id), then indexed by the query's state. Two forms:
   ``O(B * (T / 128)^2)`` int32, plus the ``[B, S, T]`` bool state table its ``mask_mod`` reads,
   and is derived at block level (no ``T x T`` evaluation, unlike ``create_block_mask``).
 
+Group-shared rows (:func:`shared_mask_batch`, ``[prompt | c_1 | ... | c_G]``: one prompt forward for a
+GRPO group) are the same tensors: each completion brings its own states, whose key rows hide the other
+completions, so neither form needs a second visibility rule.
+
 Both carry causality and padding themselves (transformers passes a 4D mask through untouched).
 Padding rows attend to themselves only, so SDPA never sees an all-masked row (which gives NaN).
 Positions: pass ``position_ids`` too, so left padding does not shift RoPE away from the engine's.
@@ -50,27 +54,59 @@ def mask_batch(traces: Sequence[CompletionTrace], prompt_starts: Sequence[int], 
     """
     if len(traces) != len(prompt_starts):
         raise ValueError(f"{len(traces)} traces but {len(prompt_starts)} prompt_starts")
-    batch = len(traces)
-    s_max = max((len(t.states) for t in traces), default=1)
+    return shared_mask_batch([[t] for t in traces], prompt_starts, seq_len)
+
+
+def shared_mask_batch(
+    groups: Sequence[Sequence[CompletionTrace]], prompt_starts: Sequence[int], seq_len: int
+) -> MaskBatch:
+    """Rows laid out as ``[pad] prompt c_1 .. c_k [pad]``: one prompt, the ``k`` completions of
+    ``groups[b]`` (traces of that same prompt) after it, in order.
+
+    Completion ``i`` reads the prompt under its own mode states and its own earlier tokens, never another
+    completion's: each completion keeps its own state table, and a state's key row shows generated keys of
+    its own completion only. So isolation lives in ``state_keys`` and both mask forms (dense and BlockMask)
+    inherit it with no rule of their own. Position ids restart at the prompt length for every completion,
+    as the engine numbers them. A group of one is :func:`mask_batch`'s row.
+    """
+    if len(groups) != len(prompt_starts):
+        raise ValueError(f"{len(groups)} groups but {len(prompt_starts)} prompt_starts")
+    batch = len(groups)
+    s_max = max((sum(len(t.states) for t in group) for group in groups), default=1)
     state_keys = np.zeros((batch, s_max, seq_len), dtype=bool)
     query_state = np.zeros((batch, seq_len), dtype=np.int64)
     valid = np.zeros((batch, seq_len), dtype=bool)
-    for b, (trace, start) in enumerate(zip(traces, prompt_starts)):
-        layout, n = trace.layout, len(trace.row_state)
-        end = start + layout.prompt_len + n
+    position_ids = np.zeros((batch, seq_len), dtype=np.int64)
+    for b, (group, start) in enumerate(zip(groups, prompt_starts)):
+        layout = group[0].layout
+        if any(t.layout != layout for t in group):
+            raise ValueError(f"row {b}: the traces of a shared row must have one prompt layout")
+        p = layout.prompt_len
+        end = start + p + sum(len(t.row_state) for t in group)
         if start < 0 or end > seq_len:
             raise ValueError(
-                f"row {b}: prompt at {start} with {layout.prompt_len}+{n} tokens does not fit seq_len={seq_len}"
+                f"row {b}: prompt at {start} with {p}+{end - start - p} tokens does not fit seq_len={seq_len}"
             )
         key_chunk = np.zeros(seq_len, dtype=np.int64)
-        key_chunk[start : start + layout.prompt_len] = layout.chunk_of_token
-        vis = state_visibility(trace.states, layout.num_chunks)  # [S, C+1]
-        state_keys[b, : len(trace.states)] = vis[:, key_chunk]
-        query_state[b, start + layout.prompt_len : end] = trace.row_state
+        key_chunk[start : start + p] = layout.chunk_of_token
+        position_ids[b, start : start + p] = np.arange(p)
         valid[b, start:end] = True
-    valid_t = torch.from_numpy(valid)
-    position_ids = (valid_t.long().cumsum(-1) - 1).clamp_min(0)
-    return MaskBatch(torch.from_numpy(state_keys), torch.from_numpy(query_state), valid_t, position_ids)
+        first_state, offset = 0, start + p  # this completion's first state index and first token
+        for trace in group:
+            n, s = len(trace.row_state), len(trace.states)
+            keys = state_visibility(trace.states, layout.num_chunks)[:, key_chunk]  # [s, T]
+            keys[:, start + p : offset] = False  # earlier completions' tokens
+            keys[:, offset + n :] = False  # later completions' tokens (padding is cut by `valid`)
+            state_keys[b, first_state : first_state + s] = keys
+            query_state[b, offset : offset + n] = first_state + trace.row_state
+            position_ids[b, offset : offset + n] = np.arange(p, p + n)
+            first_state, offset = first_state + s, offset + n
+    return MaskBatch(
+        torch.from_numpy(state_keys),
+        torch.from_numpy(query_state),
+        torch.from_numpy(valid),
+        torch.from_numpy(position_ids),
+    )
 
 
 def dense_training_mask(batch: MaskBatch) -> torch.Tensor:

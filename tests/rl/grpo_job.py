@@ -107,6 +107,7 @@ def main(mode: str, port: str, out: Path) -> None:
             shift = [float(a) - sum(t.logprobs) / len(t.logprobs) for a, t in zip(after, first)]
         print("RESULT " + json.dumps({
             "da_mask": da_mask,
+            "share_prompt": trainer.share_prompt,  # on by default: one forward row per prompt
             "steps": trainer.state.global_step,
             "syncs": trainer.vllm_generation.syncs,
             "logp_diff_mean": [h["sampling/sampling_logp_difference/mean"] for h in history],

@@ -40,6 +40,7 @@ def plain(tmp_path_factory):
 
 def test_trainer_logprobs_match_the_engine_under_the_da_mask(plain):
     masked, _ = plain
+    assert masked["share_prompt"]  # the trainer forwards one row per prompt ([prompt | c_1 | c_2])
     assert masked["steps"] == 2 and masked["syncs"] == 2  # weights pushed before each generation
     # TRL's importance-sampling diagnostics compare the trainer's log-prob of every sampled/forced token
     # with the engine's; fp32 on both sides, so only float noise is left — also after an optimizer step
