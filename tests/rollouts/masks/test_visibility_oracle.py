@@ -14,7 +14,8 @@ thinking mode, both protocol versions) and random tag soup: tags, tag fragments,
 cut into tokens at random byte offsets (so tokens split tags and UTF-8 characters), with empty-text
 special tokens sprinkled in. Compared: :class:`VisibilityTracker` after every token,
 :func:`trace_completion`'s states and KV counts, and both training masks (dense, and the FlexAttention
-``BlockMask`` read tile by tile as the kernel reads it).
+``BlockMask`` read tile by tile as the kernel reads it), for one completion per row and for a group of
+completions sharing one prompt row.
 
 CI runs the default number of examples; ``--hypothesis-profile=thorough`` runs 10^4.
 """
@@ -29,6 +30,7 @@ from rollouts.masks import (
     block_training_mask,
     dense_training_mask,
     mask_batch,
+    shared_mask_batch,
     trace_completion,
 )
 from rollouts.protocol import ModeState, PromptLayout, parse_completion
@@ -234,4 +236,43 @@ def test_training_masks_agree_with_the_oracle(rows, right_pad, flex_block):
     dense = dense_training_mask(batch)[:, 0].numpy()
     assert (dense == expected).all(), np.argwhere(dense != expected)[:5].tolist()
     flex = read_block_mask(block_training_mask(batch, block_size=flex_block), seq_len).numpy()
+    assert (flex == expected).all(), np.argwhere(flex != expected)[:5].tolist()
+
+
+@given(
+    layouts(block_sizes=(1, 2, 3, 4, 8, 16)),
+    st.lists(tag_soup(), min_size=1, max_size=3),
+    st.integers(0, 5),
+    st.integers(0, 4),
+    st.sampled_from([8, 16, 32]),
+)
+def test_shared_prompt_rows_agree_with_the_oracle(layout, soups, left, right_pad, flex_block):
+    """``[pad] prompt c_1 .. c_k [pad]``: completion ``i`` must read exactly what it read alone (the
+    prompt under its own modes, and its own earlier tokens), at the positions the engine gave it."""
+    prompt_len = layout.prompt_len
+    traces = [trace_completion(layout, ids, table) for table, ids in soups]
+    seq_len = left + prompt_len + sum(len(ids) for _, ids in soups) + right_pad
+    batch = shared_mask_batch([traces], [left], seq_len)
+
+    expected = np.eye(seq_len, dtype=bool)
+    positions = np.zeros(seq_len, dtype=np.int64)
+    for p in range(prompt_len):
+        expected[left + p, left : left + p + 1] = True
+        positions[left + p] = p
+    offset = left + prompt_len  # where this completion's first token sits in the row
+    for table, ids in soups:
+        chunks = chunk_of_each_key(layout, prompt_len + len(ids))
+        for j, state in enumerate(oracle_states(layout, table, ids)):
+            alone = keys_read(chunks, state, prompt_len + j)  # [prompt_len + j + 1] in engine positions
+            row = offset + j
+            expected[row, left : left + prompt_len] = alone[:prompt_len]
+            expected[row, offset : row + 1] = alone[prompt_len:]
+            positions[row] = prompt_len + j
+        offset += len(ids)
+
+    real = np.arange(seq_len)[(np.arange(seq_len) >= left) & (np.arange(seq_len) < offset)]
+    assert (batch.position_ids[0].numpy()[real] == positions[real]).all()
+    dense = dense_training_mask(batch)[0, 0].numpy()
+    assert (dense == expected).all(), np.argwhere(dense != expected)[:5].tolist()
+    flex = read_block_mask(block_training_mask(batch, block_size=flex_block), seq_len)[0].numpy()
     assert (flex == expected).all(), np.argwhere(flex != expected)[:5].tolist()
