@@ -153,6 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from rl.config import ConfigError
+    from rl.copy_check import CopyCheckFailed
     from rl.distributed import RankZeroFailed
     from rl.train import Terminated, train
 
@@ -173,6 +174,9 @@ def _train(args: argparse.Namespace) -> int:
     except Terminated as err:
         print(f"heed: stopped: {err}", file=sys.stderr)
         return 143
+    except CopyCheckFailed as err:
+        print(f"heed: stopped before GRPO: {err}", file=sys.stderr)
+        return 1
     except RankZeroFailed as err:  # this rank stopped because rank 0 did: its own report says why
         print(f"heed: stopped: {err}", file=sys.stderr)
         return 1

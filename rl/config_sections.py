@@ -372,6 +372,12 @@ class SFTSection(Section):
     # sft.max_steps: never, which a shortened run may want).
     copy_mix_rows: int = 0
     copy_mix_from_step: int = 0
+    # With the SFT eval (rl/copy_check.py): the teacher-forced loss of the answer's tokens in this many gold
+    # traces of the validation split (the eval split when there is none), against a uniform guess (0: skip).
+    copy_check_examples: int = 64
+    # Stop before GRPO when that loss is above this many nats: a policy that invents its values gives
+    # accuracy-gated rewards nothing to pay (null: report only).
+    copy_check_max_nll: float | None = None
 
     def validate(self):
         for name in ("max_steps", "per_device_batch_size", "logging_steps"):
@@ -384,6 +390,8 @@ class SFTSection(Section):
         self.at_least("copy_warmup_segment", 4)
         self.at_least("copy_mix_rows", 0)
         self.at_least("copy_mix_from_step", 0)
+        self.at_least("copy_check_examples", 0)
+        self.at_least("copy_check_max_nll", 0, strict=True)
 
         self.at_least("copy_warmup_target", 0, strict=True)
         check(self.copy_warmup_target <= 1, self.key("copy_warmup_target"), "must be <= 1 (an accuracy)")

@@ -32,6 +32,7 @@ others as ``RankZeroFailed`` instead of leaving them waiting.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -484,6 +485,39 @@ class TrainRecipe:
         )
         self._save_trained(trainer, "sft")
 
+    def copy_check(self) -> None:
+        """Does the SFT policy copy the values it reads? The teacher-forced loss of the answer's tokens in
+        held-out gold traces (rl/copy_check.py), printed and kept in the state; part of the SFT eval. Above
+        ``sft.copy_check_max_nll`` the run stops there rather than spend GRPO on a policy that guesses."""
+        from rl.copy_check import CopyCheckFailed, check_copying
+
+        cfg = self.config
+        if _partitioned(self.model):  # ZeRO-3: no rank holds the whole model outside the engine
+            if self.ranks.is_main:
+                console.print("value copy: not checked under ZeRO-3")
+            return
+        split = "validation" if "validation" in self.data else cfg.data.eval_split
+        examples = list(self.data[split].select(range(min(cfg.sft.copy_check_examples, len(self.data[split])))))
+        check = check_copying(
+            self.model, self.tokenizer, examples, block_size=cfg.run.block_size, thinking=cfg.run.thinking,
+            style=cfg.run.layout_style, instructions=cfg.run.instructions,
+        )  # fmt: skip
+        if check is None:
+            if self.ranks.is_main:
+                console.print(f"value copy: no gold trace of {split} writes its answer verbatim; not checked")
+            return
+        self.state["copy_check"] = {**dataclasses.asdict(check), "split": split}
+        if self.ranks.is_main:
+            console.print(check.summary())
+        limit = cfg.sft.copy_check_max_nll
+        if limit is not None and check.value_nll > limit:
+            raise CopyCheckFailed(
+                f"the SFT policy does not copy the values it reads: value NLL {check.value_nll:.2f} nats > "
+                f"sft.copy_check_max_nll = {limit} (uniform: {check.uniform_nll:.2f}). Train longer "
+                "(sft.max_steps) or with more copy rows (sft.copy_mix_rows) in a new run, or continue this one "
+                "anyway: `heed train --resume RUN_DIR sft.copy_check_max_nll=null`."
+            )
+
     def _trainer_callbacks(self, phase: str) -> list[TrainerCallback]:
         """The run directory's log lines, and on a console that is not a terminal one progress line per
         log step (HF's tqdm bar is switched off there: ``rl.sft.training_arguments``)."""
@@ -676,7 +710,12 @@ class TrainRecipe:
     def _evaluate_phase(self, phase: str, step: int) -> None:
         """The evals after a training phase: greedy (or as eval.temperature says) in every eval mode, then,
         with eval.sampled_samples, `da` sampled at the GRPO temperature."""
-        pushed = self._once(f"eval_{phase}", lambda: self.evaluate(phase, step=step), every_rank=True)
+        def greedy():
+            if phase == "sft" and self.config.sft.copy_check_examples:
+                self.copy_check()
+            self.evaluate(phase, step=step)
+
+        pushed = self._once(f"eval_{phase}", greedy, every_rank=True)
         if self.config.eval.sampled_samples:
             # the pool holds these weights already when the greedy eval has just run (not on a resume)
             sampled = lambda: self.evaluate(  # noqa: E731

@@ -96,6 +96,8 @@ def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
         ("sft.copy_warmup_segment=3", "sft.copy_warmup_segment"),
         ("sft.copy_warmup_target=1.5", "sft.copy_warmup_target"),
         ("sft.copy_warmup_steps=-1", "sft.copy_warmup_steps"),
+        ("sft.copy_check_max_nll=0", "sft.copy_check_max_nll"),
+        ("sft.copy_check_examples=-1", "sft.copy_check_examples"),
         ("grpo.max_steps=ten", "grpo.max_steps"),
         ("grpo.lr_scheduler_type=constant", "grpo.warmup_steps"),  # it would ignore the 5 warm-up steps
         ("model.attn_implementation=eager", "model.attn_implementation"),

@@ -68,6 +68,10 @@ def test_every_phase_ran_and_left_its_output(run_dir):
     assert {line["phase"] for line in lines} == {"copy_warmup", "sft", "grpo"}
     copy_lines = [line for line in lines if line["phase"] == "copy_warmup"]
     assert copy_lines[-1]["step"] == 3 and 0 <= copy_lines[-1]["copy_accuracy"] <= 1
+    # the SFT eval checked whether the policy copies its values: after 6 SFT steps it does not
+    check = state["copy_check"]
+    assert check["split"] == "test" and check["n"] == 4 and check["tokens"] >= 8
+    assert check["value_nll"] > 0.5 * check["uniform_nll"] and check["value_accuracy"] < 0.5
     assert "test-key-5b1f" not in (run_dir / "config.yaml").read_text()
     assert list((run_dir / "wandb").glob("offline-run-*"))  # the live tracker ran, offline
     # with the mode-colored samples table the dashboards promise
