@@ -24,6 +24,7 @@ from data.config import OOD_SPLIT, SPLITS, parse_config
 from data.schema import DataError
 from data.tasks import TASKS
 from rl.model import TinyModelConfig
+from rollouts.placement import PLACEMENTS
 from rollouts.protocol.layout import LAYOUT_STYLES
 from rollouts.selective import KERNELS
 from rollouts.trajectory import ROLLOUT_MODES
@@ -46,7 +47,6 @@ LR_SCHEDULERS = (
 )  # fmt: skip
 WANDB_MODES = ("offline", "online", "disabled")
 WEIGHT_SYNC_MODES = ("object_store", "broadcast")  # rollouts.pool.WEIGHT_SYNC_MODES (no torch import here)
-ROLLOUT_PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # rollouts.pool.PLACEMENTS
 ROLLOUT_ENGINES = ("auto", "vllm", "reference")  # rollouts.pool.ENGINES
 MIN_KV_BUDGET = 2  # rollouts.eviction.MIN_BUDGET (no torch import here)
 # vllm.LLM arguments the run sets itself: model.path, run.block_size, run.seed.
@@ -548,7 +548,7 @@ class RolloutSection(Section):
             self.key("num_cpus_per_actor"),
             "an actor's placement bundle would hold nothing: give it CPUs, GPUs or resources_per_actor",
         )
-        self.one_of("placement", ROLLOUT_PLACEMENTS)
+        self.one_of("placement", PLACEMENTS)
         self.at_least("placement_timeout_s", 0, strict=True)
         self.at_least("replace_timeout_s", 0, strict=True)
         check(
@@ -698,7 +698,6 @@ class ExportSection(Section):
     out: str | None = None  # export folder; None = RUN_DIR/export
 
 
-TRAINER_PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement group strategies
 TRAINER_BACKENDS = ("nccl", "gloo")
 
 
@@ -738,7 +737,7 @@ class ClusterSection(Section):
         self.at_least("trainer_workers", 1)
         for name, amount in self.trainer_resources.items():
             check(amount >= 0, f"{self.key('trainer_resources')}.{name}", f"must be >= 0, got {amount}")
-        self.one_of("trainer_placement", TRAINER_PLACEMENTS)
+        self.one_of("trainer_placement", PLACEMENTS)
         check(
             self.backend is None or self.backend in TRAINER_BACKENDS,
             self.key("backend"),

@@ -398,36 +398,6 @@ def train_worker(loop_config: dict) -> None:
     TrainRecipe(parse_run_config(loop_config["config"]), resume=loop_config["resume"]).run()
 
 
-def rollout_nodes(pool) -> list[str]:
-    """The Ray node id of each of the pool's actors, by slot."""
-    import ray
-
-    def node_id(_actor) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-    return ray.get([actor.__ray_call__.remote(node_id) for actor in pool.actors])
-
-
-def check_rollout_placement(pool, resource: str) -> list[str]:
-    """Every rollout actor is on a node that has ``resource``; returns their nodes' IPs by slot."""
-    import ray
-
-    nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
-    ips, wrong = [], []
-    for slot, node in enumerate(rollout_nodes(pool)):
-        info = nodes.get(node, {})
-        ips.append(info.get("NodeManagerAddress", "?"))
-        if info.get("Resources", {}).get(resource, 0) <= 0:
-            wrong.append(slot)
-    if wrong:
-        raise LaunchError(
-            f"rollout actor(s) {wrong} landed on nodes without the {resource!r} resource "
-            "(cluster.rollout_node_resource): give the trainer ranks the rest of their nodes' CPUs/GPUs "
-            "(cluster.trainer_resources) or the rollout nodes more room"
-        )
-    return ips
-
-
 def job_resources(config) -> dict[str, float]:
     """Ray resources the job holds at once: every trainer rank and every rollout actor."""
     cluster, rollout = config.cluster, config.rollout

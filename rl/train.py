@@ -59,6 +59,7 @@ from rl.console import (
 )
 from rl.distributed import TrainerRanks, release_process_group
 from rl.export import COMPLETE_MARKER, complete_steps
+from rollouts.placement import check_rollout_placement
 from rollouts.pool import ACTOR_LOG_ENV
 from rollouts.selective_attention import SELECTIVE
 
@@ -184,8 +185,6 @@ class TrainRecipe:
         pool = self._pool(start_dir)
         resource = self.config.cluster.rollout_node_resource
         if resource:
-            from rl.launch import check_rollout_placement
-
             try:
                 nodes = check_rollout_placement(pool, resource)
             except Exception:

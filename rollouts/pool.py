@@ -41,10 +41,11 @@ e.g. ``{heed_rollout: 1}``, a custom resource only the rollout nodes carry), spr
 replacement of it. A shape the cluster's nodes can never hold fails at once (judged by the nodes alive
 when the pool starts: on an autoscaling cluster, bring the rollout nodes up first); one that does not fit
 into what is free fails after ``placement_timeout_s`` — both with an error naming the shape and what each
-node has, never a hang. An engine of tensor (or pipeline) parallel size > 1 lives in one bundle that holds all
-its GPUs and runs its workers as its own processes (vLLM's ``mp`` executor, set by the pool): one engine
-stays on one node, and vLLM's Ray executor is refused because it would look for one bundle per GPU in the
-pool's group (vLLM requires at most one GPU per bundle).
+node has, never a hang (the strategies and the shape check: ``rollouts/placement.py``). An engine of
+tensor (or pipeline) parallel size > 1 lives in one bundle that holds all its GPUs and runs its workers
+as its own processes (vLLM's ``mp`` executor, set by the pool): one engine stays on one node, and vLLM's
+Ray executor is refused because it would look for one bundle per GPU in the pool's group (vLLM requires
+at most one GPU per bundle).
 
 Node loss. A lost node takes its actors with it; each is replaced in its bundle, which Ray moves to another
 node when one has room. When none has, the bundle stays unplaced, and a replacement that is not placed
@@ -73,6 +74,7 @@ from typing import Any
 import torch
 
 from rollouts.engines.base import RolloutRequest, build_trajectory
+from rollouts.placement import PLACEMENTS, PlacementError, placement_problem
 from rollouts.trajectory import Trajectory
 from rollouts.weight_sync import WORKER_EXTENSION, SyncStats, WeightSyncError, WeightSyncTimeout
 
@@ -81,11 +83,6 @@ logger = logging.getLogger(__name__)
 ACTOR_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 WEIGHT_SYNC_MODES = ("object_store", "broadcast")
 ENGINES = ("vllm", "reference")
-PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement group strategies
-
-
-class PlacementError(RuntimeError):
-    """The pool's placement group cannot be placed (or was not, in time); the message names the shape."""
 
 
 @dataclass
@@ -737,35 +734,6 @@ def _reason(err: Exception) -> str:
     return f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"[
         :500
     ]
-
-
-def placement_problem(
-    bundle: Mapping[str, float], count: int, strategy: str, nodes: Sequence[Mapping[str, float]]
-) -> str | None:
-    """Why ``count`` bundles of ``bundle`` can never be placed with ``strategy`` on nodes of these total
-    resources (what is free now does not matter), or None when they can.
-
-    >>> node = {"CPU": 2.0, "heed_rollout": 1.0}
-    >>> placement_problem({"CPU": 1.0, "heed_rollout": 1.0}, 2, "STRICT_SPREAD", [node, node]) is None
-    True
-    >>> placement_problem({"CPU": 1.0, "heed_rollout": 1.0}, 2, "STRICT_PACK", [node, node])
-    'STRICT_PACK needs one node that holds all 2 bundles; the most one node holds is 1'
-    """
-    per_node = [
-        min((int(node.get(name, 0.0) / amount + 1e-9) for name, amount in bundle.items()), default=count)
-        for node in nodes
-    ]
-    if strategy == "STRICT_PACK" and max(per_node, default=0) < count:
-        return (
-            f"STRICT_PACK needs one node that holds all {count} bundles; the most one node holds is "
-            f"{max(per_node, default=0)}"
-        )
-    hosts = sum(n >= 1 for n in per_node)
-    if strategy == "STRICT_SPREAD" and hosts < count:
-        return f"STRICT_SPREAD needs {count} nodes that can each hold one bundle; {hosts} can"
-    if sum(per_node) < count:
-        return f"{count} bundle(s) are needed; all nodes together hold {sum(per_node)}"
-    return None
 
 
 def _amounts(resources: Mapping[str, float]) -> str:

@@ -155,7 +155,7 @@ def test_weight_sync_choices_are_the_pools():
 
 
 def test_rollout_placement_choices_are_the_pools():
-    from rl.config_sections import ROLLOUT_PLACEMENTS
+    from rl.config_sections import PLACEMENTS as ROLLOUT_PLACEMENTS
     from rollouts.pool import PLACEMENTS, PoolConfig
 
     assert ROLLOUT_PLACEMENTS == PLACEMENTS

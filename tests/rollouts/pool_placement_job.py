@@ -48,9 +48,9 @@ def main(address: str, node_b_pgid: int, out: Path) -> None:
 
     from data.tokenizer import build_tokenizer
     from rl.demo import acme_example, gold_completion
-    from rl.launch import rollout_nodes
     from rollouts.engines import RolloutRequest
     from rollouts.engines.reference import ReferenceEngine
+    from rollouts.placement import rollout_nodes
     from rollouts.pool import PlacementError, PoolConfig, RolloutPool
     from rollouts.protocol import build_prompt
     from tests.rollouts.conftest import BLOCK_SIZE, perturbed_model, save_tiny_qwen3
