@@ -24,8 +24,8 @@ document, the focus and the answer::
     <focus magic_chunks="5"> 63</focus>
     <answer> 63</answer>
 
-Plans never copy the question's key (DESIGN.md: the tiny model could not learn to copy a rare key
-into ``<global>``); they name the chunks. Reads that depend on each other (a variable chain) are
+Plans never copy the question's key (the tiny model could not learn to copy a rare key into
+``<global>``); they name the chunks. Reads that depend on each other (a variable chain) are
 *chained*: the model returns to global between them to find the next hop. Independent reads are
 written either as one focus over all their chunks or as back-to-back focuses. Aggregation tasks,
 whose evidence is everywhere, are written as a global survey with no focus at all, and plain

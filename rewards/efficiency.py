@@ -1,10 +1,10 @@
 """KV-read efficiency: the fraction of KV-cache reading a completion saved against vanilla attention.
 
 ``saving = 1 - attended / vanilla`` over every decoding step of one completion, where *attended* is what
-the engine read (block-rounded KV tokens, DESIGN.md contract 7, from ``CompletionTrace.kv_tokens`` or
-the trajectory's per-layer counts) and *vanilla* is the same sequence under full causal attention
-(``CompletionTrace.kv_tokens_vanilla``). A ``global``-only completion reads exactly what vanilla reads and
-saves 0; no completion can save more than 1. Savings are measured in one of three units:
+the engine read (block-rounded KV tokens, docs/ARCHITECTURE.md, contract 7: accounting is exact; from
+``CompletionTrace.kv_tokens`` or the trajectory's per-layer counts) and *vanilla* is the same sequence
+under full causal attention (``CompletionTrace.kv_tokens_vanilla``). A ``global``-only completion reads
+exactly what vanilla reads and saves 0; no completion can save more than 1. Savings are measured in one of three units:
 
 - ``tokens``: KV tokens (summed over layers when layers differ).
 - ``bytes``: ``tokens x bytes per token per layer`` (:class:`~rollouts.masks.KVShape`). Every layer that
@@ -22,7 +22,7 @@ saves 0; no completion can save more than 1. Savings are measured in one of thre
   the KV share, which is only meaningful when the parts add. Decode attention is memory-bound by a wide
   margin (8 FLOPs per byte for a GQA group of 8 in bf16 against a ridge of about 160 here), so the time
   saving is the byte saving diluted by the matmul time, which DA does not change. Vanilla is the same
-  sequence under causal attention (DESIGN.md contract 7), not a separate vanilla generation as in the
+  sequence under causal attention (contract 7), not a separate vanilla generation as in the
   paper, so both sides have the same steps and the same matmul time. Local attention (sliding-window or
   linear layers of hybrid models) is not modeled: Heed's models keep full KV in every layer.
 

@@ -1,4 +1,5 @@
-"""Per-token log-probs of completions under the DA mask: the trainer's side of the rollout contract.
+"""Per-token log-probs of completions under the DA mask: the trainer's side of docs/ARCHITECTURE.md,
+contract 1: one visibility function.
 
 GRPO's importance ratio ``exp(logp_new - logp_old)`` is only meaningful if the trainer computes
 ``logp`` under the attention the rollout engine used. This module packs a batch the way TRL does

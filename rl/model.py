@@ -1,9 +1,8 @@
 """Tiny Qwen3-architecture models built from a config, for CPU runs and tests (no hub downloads).
 
-The default size comes from a measured sweep on 2 CPU cores (DESIGN.md, "Sizing the embedded
-default"): hidden 128, 4 layers, 4 query / 2 KV heads, head_dim 32 (vLLM's CPU attention needs
-head_dim >= 32), intermediate 512 — about 1.1M parameters plus embeddings. Larger tiny models learned
-no better per minute there.
+The default size comes from a measured sweep on 2 CPU cores: hidden 128, 4 layers, 4 query / 2 KV
+heads, head_dim 32 (vLLM's CPU attention needs head_dim >= 32), intermediate 512 — about 1.1M
+parameters plus embeddings. Larger tiny models learned no better per minute there.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ tokens. Each layer's cache is a plain tensor of the kept tokens in arrival order
 because keys were rotated at their absolute positions when written, and each forward gets its absolute
 position explicitly.
 
-What it returns feeds the accounting (DESIGN.md contract 7): ``kv_reads[b, p, l]``, the keys layer ``l``
+What it returns feeds the accounting (docs/ARCHITECTURE.md, contract 7: accounting is exact): ``kv_reads[b, p, l]``, the keys layer ``l``
 read in the forward at position ``p`` (``min(p + 1, K_l)``; per layer, since budgets differ), and
 ``completion_kv_tokens`` ``[b, n_new, L]``, the rows of the forwards that predicted each generated token
 (the :class:`~rollouts.trajectory.Trajectory`'s ``kv_tokens_per_layer``).

@@ -16,7 +16,7 @@
   the last call (between two RL steps) is replaced before the weights go out.
 
   ``"object_store"`` (default, CPU): the tensors go to Ray's object store once; every actor loads them
-  with vLLM's ``reload_weights`` (the CPU path, DESIGN.md "Facts measured").
+  with vLLM's ``reload_weights`` (the CPU path, docs/ARCHITECTURE.md, "Weight sync on vLLM CPU").
 
   ``"broadcast"`` (GPU pools): the driver — the trainer's rank 0 — broadcasts the tensors to every
   engine worker over a group of their own (``rollouts/weight_sync.py``: NCCL when the tensors are

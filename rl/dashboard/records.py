@@ -5,7 +5,7 @@ Everything here is read off what the rollout already measured — the :class:`Co
 violations, and the reward breakdown. Nothing recomputes visibility.
 
 Mode mix is the share of generated tokens by the mode each token was *predicted under*
-(``trace.predicted_state``, DESIGN.md contract 3), the paper's Figure 5 quantity: a ``<focus ...>``
+(``trace.predicted_state``, docs/ARCHITECTURE.md, contract 3: tag timing), the paper's Figure 5 quantity: a ``<focus ...>``
 tag's own tokens count as the mode before it, the text after its ``>`` as focus.
 """
 

@@ -17,7 +17,7 @@ Per request::
 Log-probs are the model's raw ones (log-softmax of the logits, before temperature), as vLLM reports,
 or after the request's temperature with ``logprobs_mode="processed_logprobs"`` (top-p is not applied).
 Transformers passes a 4D mask through untouched, so the mask carries causality itself: a key is
-visible when its block is visible and it is already cached (DESIGN.md, "Training-side masks").
+visible when its block is visible and it is already cached (docs/ARCHITECTURE.md, "Training-side masks").
 
 Selective Attention models (``selective_attention: true``) decode with their running mask ``F``
 (:class:`~rollouts.selective_attention.AttentionState`, one per request) and, when the checkpoint carries

@@ -41,7 +41,7 @@ row's visible keys come from the same tracker), ``_update_states`` releases its 
 
 Decisions and limits (each enforced, none silent):
 
-- Prefill runs unmasked: prompt rows are never masked (DESIGN.md contract 3).
+- Prefill runs unmasked: prompt rows are never masked (docs/ARCHITECTURE.md, contract 3: tag timing).
 - Preemption: a preempted request is re-prefilled, and vLLM's prefill cannot apply a per-token
   mask to the generated tokens it recomputes. The worker refuses — it raises ``DAMaskLost`` naming
   the request — rather than continue on KV the request never decoded under. Size the KV cache so

@@ -1,4 +1,4 @@
-"""KV bytes from KV tokens (DESIGN.md contract 7).
+"""KV bytes from KV tokens (docs/ARCHITECTURE.md, contract 7: accounting is exact).
 
 ``bytes = tokens x layers x 2 (K and V) x kv_heads x head_dim x dtype bytes``. Token counts come from
 :mod:`rollouts.masks.visibility`; this module only knows the model's KV shape.

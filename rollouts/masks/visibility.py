@@ -8,13 +8,13 @@ the dashboards.
 The rule, in one function (:func:`visible_chunks`): scaffold (chunk 0) and generated tokens are
 always visible; ``global`` shows every chunk, ``focus`` the listed ones, ``local`` none.
 
-Timing (DESIGN.md contract 3): the forward of generated token ``g_j`` (at position
+Timing (docs/ARCHITECTURE.md, contract 3: tag timing): the forward of generated token ``g_j`` (at position
 ``prompt_len + j``) reads KV under the state reached after parsing ``g_0..g_j``; it predicts
 ``g_{j+1}``. So ``g_{j+1}`` is *predicted under* the state after ``g_0..g_j``, and ``g_0`` is
 predicted by the prefill's last row under the initial ``global`` state. Prompt rows are never masked
 (prefill runs unmasked).
 
-Accounting (contract 7): the forward at position ``P`` with ``k`` visible blocks reads
+Accounting (contract 7: accounting is exact): the forward at position ``P`` with ``k`` visible blocks reads
 ``(k - 1) * block_size + (P % block_size + 1)`` KV tokens: whole blocks for every visible block
 before the tail, and the tokens written so far in the tail block (the block holding ``P``). That is
 exactly the ``seq_len`` the engine hands to attention. Vanilla causal attention reads ``P + 1``.

@@ -5,7 +5,7 @@ the user, then the context as a simulated tool dialogue, one ``get_magic_chunk(N
 one tool message per chunk, rendered with the tokenizer's own chat template so a real model sees the
 special tokens it was post-trained on. Tokenizers without tool support get a plain-text layout.
 
-Block alignment (DESIGN.md contract 2): the engine reads whole KV blocks, so every chunk starts on a
+Block alignment (docs/ARCHITECTURE.md, contract 2: block granularity): the engine reads whole KV blocks, so every chunk starts on a
 block boundary (the scaffold before it is padded with a neutral token) and ends on one (the chunk is
 padded after its text). A masked chunk then costs exactly its own blocks and no block mixes a chunk
 with scaffold or with another chunk::

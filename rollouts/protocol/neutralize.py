@@ -1,4 +1,5 @@
-"""Make context text unable to speak the protocol (DESIGN.md contract 6).
+"""Make context text unable to speak the protocol (docs/ARCHITECTURE.md, contract 6: documents
+cannot speak the protocol).
 
 A document that contains ``<focus magic_chunks="3">`` or ``<answer>42</answer>`` must not steer the
 model, the parser or the compliance check. Every ``<`` that opens something shaped like a protocol

@@ -20,7 +20,7 @@ Rules (the README repeats them; tests pin each one):
   (``mismatched_close``); both still return to global.
 - A mode changes exactly when the ``>`` that completes its tag is read. A token is *predicted* under
   the mode in force after every earlier token, so the tag's own text belongs to the old mode and the
-  text right after ``>`` to the new one (DESIGN.md contract 3).
+  text right after ``>`` to the new one (docs/ARCHITECTURE.md, contract 3: tag timing).
 - ``<answer>...</answer>`` changes no mode; the answer is its stripped text, without tag text inside
   it. Missing answer, a second answer (the first counts), text after ``</answer>``, an answer or a
   mode tag still open at the end: each is a violation.
@@ -34,7 +34,7 @@ Rules (the README repeats them; tests pin each one):
   does not complete a tag is a ``malformed_tag`` violation: ``</focus junk``, ``<global junk>``,
   ``<answer junk``, ``<focus magic_chunks="3"`` without ``>`` within ``MAX_TAG_CHARS``. Its text stays
   text and the mode does not change. ``<focused>`` and ``<answers>`` are other names: plain text.
-- The parser never raises on model output.
+- The parser never raises on model output (docs/ARCHITECTURE.md, contract 5).
 
 Because every decision depends only on the characters read so far, the mode after any prefix does
 not depend on how the text was split into pieces; the hypothesis tests check exactly that.

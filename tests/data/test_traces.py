@@ -26,7 +26,7 @@ def modes(trace: str, thinking: bool = False) -> list[tuple[str, tuple[int, ...]
 def test_acme_reads_both_chunks_then_subtracts_locally():
     # By hand: plan in global, read chunk 2 and chunk 7 (together or one after the other), subtract
     # with no chunk visible, answer 8. A tag's own text is predicted under the mode before it
-    # (DESIGN.md contract 3), so the "\n<local>" between modes counts as global.
+    # (docs/ARCHITECTURE.md, contract 3: tag timing), so the "\n<local>" between modes counts as global.
     G = ("global", ())
     separate = [G, ("focus", (2,)), G, ("focus", (7,)), G, ("local", ()), G]
     together = [G, ("focus", (2, 7)), G, ("local", ()), G]

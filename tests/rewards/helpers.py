@@ -68,7 +68,7 @@ def piece_ids(tokenizer, pieces) -> tuple[list[int], list[ModeState]]:
 
     Tokenizing piece by piece puts token boundaries on piece boundaries, so a tag completes exactly
     at its piece's last token and every token of piece ``i`` is predicted under the state in force
-    after piece ``i - 1`` (DESIGN.md contract 3), with no parsing involved.
+    after piece ``i - 1`` (docs/ARCHITECTURE.md, contract 3: tag timing), with no parsing involved.
     """
     ids, predicted = [], []
     state = GLOBAL_STATE

@@ -59,7 +59,8 @@ def test_mask_changes_logprobs_exactly_from_first_masked_step(gold_runs):
 
 
 def test_engine_kv_reads_match_accounting(gold_runs):
-    # Guards contract 7: the seq_len the worker handed attention equals the trace's block-rounded count.
+    # Guards docs/ARCHITECTURE.md, contract 7 (accounting is exact): the seq_len the worker handed
+    # attention equals the trace's block-rounded count.
     _, got, want = gold_runs
     da, da_nm = got[0], got[1]
     assert da.extra["kv_tokens_engine"] == da.trace.kv_tokens.tolist()

@@ -1,8 +1,8 @@
 """An independent oracle for visibility, fuzzed against everything built on it.
 
 Engines, trainer masks and KV accounting all rest on :mod:`rollouts.masks.visibility`, so a bug there
-would be shared by every parity test. The oracle here re-derives the answer from DESIGN.md contracts 3,
-4 and 7 and from nothing else the module computes: for every generated token it decodes the whole prefix
+would be shared by every parity test. The oracle here re-derives the answer from docs/ARCHITECTURE.md,
+contracts 3, 4 and 7 and from nothing else the module computes: for every generated token it decodes the whole prefix
 from the token bytes, re-parses it from scratch with :func:`parse_completion` (the text parser's one-shot
 entry point), reads the mode off the parse's last segment, and decides key by key from the layout's chunk
 spans what the forward at that position reads. Quadratic on purpose: it carries no state from one step to
