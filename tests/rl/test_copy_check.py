@@ -5,27 +5,16 @@ import math
 
 import rl.copy_check
 from rl.copy_check import check_copying, value_token_mask
-from rl.demo import acme_example
-from rl.demo import gold_completion as acme_gold
 from rl.logprobs import completion_logprobs, pack
 from rl.sft import encode_sft_row
 from rollouts.masks import trace_completion
 from rollouts.protocol import PromptLayout
+from tests.rl.test_sft import acme_rows as sft_acme_rows
 
 
 def acme_rows(n: int) -> list[dict]:
-    rows = []
-    for seed in range(n):
-        question, docs, founded, public = acme_example(num_chunks=4, chunk_words=30, seed=seed)
-        rows.append(
-            {
-                "id": f"acme-{seed}", "question": question, "documents": docs, "chunk_tokens": 256,
-                "answers": ["2003", "2011"],
-                "gold_completion": acme_gold(founded, public, thinking=False),
-                "gold_completion_thinking": acme_gold(founded, public, thinking=True),
-            }
-        )  # fmt: skip
-    return rows
+    """test_sft.py's Acme rows, with the two years every gold trace writes as their answers."""
+    return [{**row, "answers": ["2003", "2011"]} for row in sft_acme_rows(n)]
 
 
 def test_doctests():

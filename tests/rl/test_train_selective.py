@@ -107,7 +107,7 @@ def test_the_budget_search_runs_after_sft_and_its_budgets_reach_every_later_phas
     assert search["loss"] <= search["target"]
     # each accepted step took 300 tokens from one layer (the last one down to 2), and some were accepted
     context = search["context"]
-    assert 500 < context < 800  # prompts are ~550 tokens, plus the gold completion
+    assert 400 < context < 700  # prompts are ~450 tokens, plus the gold completion
     assert all(b == 2 or (context - b) % 300 == 0 for b in found) and min(found) < context
     (row,) = [r for r in metrics_rows(searched) if r["phase"] == "budget_search"]
     assert row["mean_budget"] == sum(found) / 4 and row["budget/layer_02"] == found[2]
