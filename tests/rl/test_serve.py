@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from tests.rollouts.conftest import save_tiny_qwen3, tiny_vllm_engine
+from tests.rollouts.engines.test_vllm_serve import post_completions
 
 pytestmark = pytest.mark.slow
 
@@ -101,19 +102,7 @@ class Server:
             return 0, ""
 
     def post(self, body: bytes | dict) -> tuple[int, dict]:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(
-            f"{self.url}/v1/completions", data, {"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=120) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as err:
-            raw = err.read()
-            try:
-                return err.code, json.loads(raw)
-            except ValueError:
-                return err.code, {"raw": raw.decode(errors="replace")}
+        return post_completions(self.url, body, timeout=120)
 
     def heed_metrics(self) -> dict[tuple[str, tuple], float]:
         from prometheus_client.parser import text_string_to_metric_families

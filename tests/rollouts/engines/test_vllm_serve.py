@@ -72,18 +72,23 @@ class Server:
         }  # fmt: skip
         if xargs is not None:
             body["vllm_xargs"] = xargs
-        request = urllib.request.Request(
-            f"{self.url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
+        return post_completions(self.url, body, REQUEST_TIMEOUT_S)
+
+
+def post_completions(url: str, body: bytes | dict, timeout: float) -> tuple[int, dict]:
+    """POST ``body`` (JSON, or raw bytes) to ``URL/v1/completions``; (status, decoded JSON body), an error
+    body that is not JSON as ``{"raw": text}``."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        raw = err.read()
         try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as err:
-            raw = err.read()
-            try:
-                return err.code, json.loads(raw)
-            except ValueError:
-                return err.code, {"raw": raw.decode(errors="replace")}
+            return err.code, json.loads(raw)
+        except ValueError:
+            return err.code, {"raw": raw.decode(errors="replace")}
 
 
 @pytest.fixture(scope="module")
