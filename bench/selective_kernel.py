@@ -7,12 +7,12 @@ peak CUDA memory above the inputs, as a forward (prefill) and as forward + backw
 - ``sdpa``: plain causal SDPA (flash attention), no Selective Attention -- the floor;
 - ``dense``: Selective Attention as the model runs it by default (``HEED_SELECTIVE_KERNEL=dense``): head 0's
   ``S`` and ``F`` as ``[b, n, n]`` float32 and SDPA with ``-F`` as an additive bias;
-- ``fused``: :mod:`rollouts.selective_kernel` (``HEED_SELECTIVE_KERNEL=triton``).
+- ``fused``: :mod:`rollouts.selective.kernel` (``HEED_SELECTIVE_KERNEL=triton``).
 
 It first checks that ``fused`` and ``dense`` agree (max |diff| of the output and of ``dq``), then prints
 milliseconds and MiB per version and the ratio ``dense / fused``. Needs CUDA; on a machine without it, it
 says so and exits (the kernels' correctness is tested on CPU in Triton's interpreter:
-tests/rollouts/test_selective_kernel.py).
+tests/rollouts/selective/test_kernel.py).
 
 Run::
 
@@ -49,7 +49,7 @@ def _timed(fn, repeats: int) -> tuple[float, int]:
 
 def _versions(query, key, value, scale: float) -> dict:
     """The three versions over one input, as callables returning ``[b, n, h, d]``."""
-    import rollouts.selective_attention as sa
+    import rollouts.selective.attention as sa
 
     sa.KERNEL = "dense"
     return {

@@ -18,20 +18,21 @@ Attention adds no parameters), see the same batches in the same order, and alter
 
 The measurement (paper §4): the baseline's full-cache loss on the search split is the target (the paper's
 rule; ``--ppl-tolerance`` relaxes it to ``(1 + tol) x`` that perplexity). For each SA model,
-:func:`rl.selective_budgets.greedy_budget_search` lowers one layer's budget by ``C`` = 8 tokens at a time,
+:func:`rl.selective.budgets.greedy_budget_search` lowers one layer's budget by ``C`` = 8 tokens at a time,
 always the layer whose reduction costs least on the search split, while the loss stays within the target;
-the loss under budgets is :func:`rl.selective_model.loss_under_budgets` (the paper's greedy eviction of the
+the loss under budgets is :func:`rl.selective.losses.loss_under_budgets` (the paper's greedy eviction of the
 most-masked token, replayed inside one forward). The reduction factor is ``n / mean budget`` (the paper's
 16x at 512 is 512 / 31.3). The budgets found are then evaluated on the test split, and the baseline is run
-on the test split with H2O- and TOVA-style eviction (:mod:`rollouts.eviction`) under the *same* per-layer
-budgets, token by token with a compacted per-layer cache (:func:`rollouts.eviction_decode.decode_with_eviction`).
+on the test split with H2O- and TOVA-style eviction (:mod:`rollouts.selective.eviction`) under the *same*
+per-layer budgets, token by token with a compacted per-layer cache
+(:func:`rollouts.selective.decode.decode_with_eviction`).
 
 What it leaves out: the paper's C4, model sizes (its smallest is d = 8, 34M parameters), training length
 (524,288 steps at batch 128-256) and context lengths (512-2048). The defaults aim at about 25 minutes on 2
 CPU cores shared with other jobs (the recorded run took 39 under load spikes): d_model 128, 3 layers, 4 heads
 of 32 (0.92M parameters with the 1024-token vocabulary), 200 steps at batch 8, contexts 128 and 256, budget
 search on 16 sequences, test on 32, one thread. H2O and TOVA get SA's budgets rather than a budget search of their own, and H2O runs without its
-recent-token window (see :mod:`rollouts.eviction`).
+recent-token window (see :mod:`rollouts.selective.eviction`).
 
 Run (the recorded numbers)::
 
@@ -53,10 +54,10 @@ from tqdm import tqdm
 from transformers import Qwen3Config
 
 from bench.selective_varassign import same_init_models
-from rl.selective_budgets import greedy_budget_search
-from rl.selective_model import forward_with_memory_loss, loss_under_budgets
-from rollouts.eviction import H2OEviction, TOVAEviction
-from rollouts.eviction_decode import decode_with_eviction
+from rl.selective.budgets import greedy_budget_search
+from rl.selective.losses import forward_with_memory_loss, loss_under_budgets
+from rollouts.selective.decode import decode_with_eviction
+from rollouts.selective.eviction import H2OEviction, TOVAEviction
 
 BOS, EOS = 0, 1  # the tokenizer's two special tokens
 MODELS = ("baseline", "SA", "SA + L_mem")

@@ -31,7 +31,7 @@ from pathlib import Path
 def _load(folder: Path):
     from transformers import AutoModelForCausalLM
 
-    from rollouts.selective_attention import SELECTIVE
+    from rollouts.selective.attention import SELECTIVE
 
     return AutoModelForCausalLM.from_pretrained(folder, attn_implementation=SELECTIVE).eval()
 
@@ -41,8 +41,8 @@ def main() -> None:
 
     from rl.config import load_run_config
     from rl.evaluate import load_split
-    from rl.selective_budgets import gold_batches, search_split_budgets
-    from rl.selective_model import completion_loss_under_budgets
+    from rl.selective.budgets import gold_batches, search_split_budgets
+    from rl.selective.losses import completion_loss_under_budgets
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)

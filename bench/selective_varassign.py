@@ -44,7 +44,7 @@ import time
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from rollouts.selective_attention import SELECTIVE, enable_selective_attention
+from rollouts.selective.attention import SELECTIVE, enable_selective_attention
 
 BOS, QUERY, FIRST_VARIABLE = 0, 1, 2
 

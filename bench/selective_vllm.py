@@ -28,7 +28,7 @@ CONFIGS = ("stock", "selective", "selective+budgets", "reference selective+budge
 def build_checkpoints(root: str, tokenizer, budgets: list[int]) -> dict[str, str]:
     """The same weights (seed 0) as standard, Selective Attention, and Selective Attention with budgets."""
     from rl.model import TinyModelConfig, build_tiny_model
-    from rollouts.eviction import save_budgets
+    from rollouts.selective.eviction import save_budgets
 
     model = build_tiny_model(tokenizer, TinyModelConfig(num_hidden_layers=len(budgets)))
     paths = {}

@@ -78,7 +78,7 @@ def _export(args: argparse.Namespace) -> int:
 def _budgets(args: argparse.Namespace) -> int:
     from rl.evaluate import EvalError
     from rl.export import ExportError
-    from rl.selective_budgets import search_export_budgets
+    from rl.selective.budgets import search_export_budgets
 
     try:
         result = search_export_budgets(

@@ -26,7 +26,8 @@ from data.tasks import TASKS
 from rl.model import TinyModelConfig
 from rollouts.placement import PLACEMENTS
 from rollouts.protocol.layout import LAYOUT_STYLES
-from rollouts.selective import KERNELS
+from rollouts.selective.constants import KERNELS
+from rollouts.selective.constants import MIN_BUDGET as MIN_KV_BUDGET
 from rollouts.trajectory import ROLLOUT_MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # a source checkout or an editable install
@@ -48,7 +49,6 @@ LR_SCHEDULERS = (
 WANDB_MODES = ("offline", "online", "disabled")
 WEIGHT_SYNC_MODES = ("object_store", "broadcast")  # rollouts.pool.WEIGHT_SYNC_MODES (no torch import here)
 ROLLOUT_ENGINES = ("auto", "vllm", "reference")  # rollouts.pool.ENGINES
-MIN_KV_BUDGET = 2  # rollouts.eviction.MIN_BUDGET (no torch import here)
 # vllm.LLM arguments the run sets itself: model.path, run.block_size, run.seed.
 RESERVED_ENGINE_KWARGS = {"model": "model.path", "block_size": "run.block_size", "seed": "run.seed"}
 
@@ -630,7 +630,7 @@ class LoggingSection(Section):
 
 @dataclass
 class SelectiveSection(Section):
-    """Selective Attention (rollouts/selective_attention.py): the model masks context itself, with no new
+    """Selective Attention (rollouts/selective/attention.py): the model masks context itself, with no new
     parameters; masked tokens are evicted under per-layer KV budgets. The rollout engines (vLLM through
     rollouts/engines/vllm_selective.py, or the reference engine) evict under the same budgets."""
 
@@ -640,7 +640,7 @@ class SelectiveSection(Section):
     # Per-layer KV budgets in tokens (one per layer): rollouts evict the most-masked token once a layer holds
     # its budget, and the trainer replays the same evictions; saved in the checkpoint. null: no eviction.
     budgets: list[int] | None = None
-    # Or find them: after SFT, the paper's greedy search (§4, rl/selective_budgets.py) lowers one layer's
+    # Or find them: after SFT, the paper's greedy search (§4, rl/selective/budgets.py) lowers one layer's
     # budget by search_step tokens at a time while the loss of search_examples gold traces of search_split
     # stays within search_tolerance of the full-cache loss; the SFT evaluation, GRPO and the export use them.
     search_budgets: bool = False

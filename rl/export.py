@@ -31,7 +31,7 @@ The export is written to a temporary folder beside ``out`` and renamed into plac
 crash leaves no half export; a non-empty ``out`` is replaced only with ``overwrite``.
 
 A Selective Attention checkpoint (``selective_attention: true`` in ``config.json``) loads with standard
-attention unless ``rollouts.selective_attention`` is imported first: that is a Heed install, not remote code.
+attention unless ``rollouts.selective.attention`` is imported first: that is a Heed install, not remote code.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from pathlib import Path
 
 import yaml
 
-from rollouts.eviction import CONFIG_KEY
 from rollouts.protocol import PROTOCOL_VERSION, system_instructions
 from rollouts.protocol.layout import LAYOUT_STYLES
+from rollouts.selective.constants import CONFIG_KEY
 
 logger = logging.getLogger(__name__)
 

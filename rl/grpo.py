@@ -21,7 +21,7 @@ policy gradient (plus a KL term when ``beta > 0``). Heed changes three things, e
    next generation first pushes the policy's parameters to every pool actor (gathered under ZeRO-3).
 
 Selective Attention models: the trainer's forward replays the KV evictions the rollout engine made (the
-budgets in the model config, :class:`~rollouts.selective_attention.AttentionState`), and ``L_mem`` goes
+budgets in the model config, :class:`~rollouts.selective.attention.AttentionState`), and ``L_mem`` goes
 into the loss through TRL's auxiliary-loss slot (``memory_loss``: weight and tau; logged as ``aux_loss``).
 They run one row per completion: F accumulates over every row a query sees, and a shared row would let a
 completion collect another's selections (``share_prompt=True`` is refused for them).
@@ -415,7 +415,7 @@ class HeedGRPOTrainer(GRPOTrainer):
             if compute_entropy:
                 all_entropies.append(entropies)
             if compute_aux_loss:
-                from rl.selective_model import recorded_memory_loss
+                from rl.selective.losses import recorded_memory_loss
 
                 num_tokens = attention_mask[start:end].sum(-1)
                 aux_losses.append(recorded_memory_loss(state, num_tokens, self.memory_loss[0]))
@@ -424,11 +424,11 @@ class HeedGRPOTrainer(GRPOTrainer):
         return logps, entropies, torch.stack(aux_losses).mean() if compute_aux_loss else None
 
     def _selective_state(self, model, padding_mask: torch.Tensor, record_memory: bool):
-        """The forward's :class:`~rollouts.selective_attention.AttentionState` for a Selective Attention
+        """The forward's :class:`~rollouts.selective.attention.AttentionState` for a Selective Attention
         policy: the KV budgets the rollouts evicted under (replayed over the rows' real tokens,
         ``padding_mask`` ``[B, T]``) and, for the loss, L_mem's peak memory; ``None`` for other models."""
-        from rollouts.eviction import load_budgets
-        from rollouts.selective_attention import AttentionState
+        from rollouts.selective.attention import AttentionState
+        from rollouts.selective.eviction import load_budgets
 
         config = self.accelerator.unwrap_model(model).config
         if not getattr(config, "selective_attention", False):

@@ -39,7 +39,7 @@ from rollouts.masks import (
     mask_batch,
     shared_mask_batch,
 )
-from rollouts.selective_attention import SELECTIVE
+from rollouts.selective.attention import SELECTIVE
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def forward_completion_logps(
     """The one forward behind every trainer log-prob: ``([B, C] log-probs, [B, C] entropies or None)`` of
     the last ``C`` tokens of each row (padding positions get arbitrary values; callers mask them).
 
-    ``heed_state``: a Selective Attention model's :class:`~rollouts.selective_attention.AttentionState`
+    ``heed_state``: a Selective Attention model's :class:`~rollouts.selective.attention.AttentionState`
     (KV budgets to replay, L_mem's peak memory to record), passed to the forward when given.
 
     Logits are kept for the last ``C + 1`` positions only: position ``P + j - 1`` predicts completion

@@ -28,7 +28,7 @@ from transformers import Trainer
 from data.prompts import gold_completion, layout_example
 from rl.console import interactive, quiet_trainer
 from rl.logprobs import pack
-from rl.selective_model import forward_with_memory_loss
+from rl.selective.losses import forward_with_memory_loss
 from rollouts.masks import trace_completion
 from rollouts.protocol import PromptLayout, token_bytes_table
 

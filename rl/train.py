@@ -61,7 +61,7 @@ from rl.distributed import TrainerRanks, release_process_group
 from rl.export import COMPLETE_MARKER, complete_steps
 from rollouts.placement import check_rollout_placement
 from rollouts.pool import ACTOR_LOG_ENV
-from rollouts.selective_attention import SELECTIVE
+from rollouts.selective.attention import SELECTIVE
 
 logger = logging.getLogger(__name__)
 # what a GRPO progress line shows besides the loss (TRL's mean reward, the batch's accuracy and KV saving)
@@ -162,7 +162,7 @@ class TrainRecipe:
     def _select_kernel(self) -> None:
         """``selective.kernel`` for this process's Selective Attention forwards (the rollout actors get it
         through their environment, see ``_pool``)."""
-        import rollouts.selective_attention as sa
+        import rollouts.selective.attention as sa
 
         kernel = self.config.selective.kernel
         if kernel == "triton" and not torch.cuda.is_available():
@@ -316,7 +316,7 @@ class TrainRecipe:
         """The run's Selective Attention KV budgets into the model config: saved with every checkpoint, read
         by the rollout engines (which evict under them) and by the trainer (which replays the evictions).
         With ``selective.search_budgets`` they are the search's (none before it has run)."""
-        from rollouts.eviction import CONFIG_KEY, save_budgets
+        from rollouts.selective.eviction import CONFIG_KEY, save_budgets
 
         selective = self.config.selective
         budgets = self.state.get("budgets") if selective.search_budgets else selective.budgets
@@ -532,8 +532,8 @@ class TrainRecipe:
     def _search_budgets(self) -> list[int]:
         """Rank 0: search, save the policy with its budgets to ``RUN_DIR/budget_search`` (where a resume
         loads it from) and restart the rollout pool on it (engines evict under a checkpoint's budgets)."""
-        from rl.selective_budgets import search_split_budgets
-        from rollouts.eviction import save_budgets
+        from rl.selective.budgets import search_split_budgets
+        from rollouts.selective.eviction import save_budgets
 
         cfg, selective = self.config, self.config.selective
         if selective.search_split not in self.data:

@@ -20,7 +20,7 @@ Transformers passes a 4D mask through untouched, so the mask carries causality i
 visible when its block is visible and it is already cached (docs/ARCHITECTURE.md, "Training-side masks").
 
 Selective Attention models (``selective_attention: true``) decode with their running mask ``F``
-(:class:`~rollouts.selective_attention.AttentionState`, one per request) and, when the checkpoint carries
+(:class:`~rollouts.selective.attention.AttentionState`, one per request) and, when the checkpoint carries
 per-layer KV budgets (``selective_budgets`` in its config, or ``budgets=``), with eviction: the prefill
 replays it over the prompt, then each layer masks what it evicted as tokens arrive (the cache keeps every
 key; the trainer replays the same decisions in one forward). What each layer read for each generated
@@ -35,10 +35,10 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from rollouts.eviction import check_budgets, load_budgets
 from rollouts.masks.visibility import VisibilityTracker, visible_keys
 from rollouts.protocol.tokens import token_bytes_table
-from rollouts.selective_attention import SELECTIVE, AttentionState
+from rollouts.selective.attention import SELECTIVE, AttentionState
+from rollouts.selective.eviction import check_budgets, load_budgets
 from rollouts.trajectory import Trajectory
 
 from .base import RolloutRequest, build_trajectory

@@ -5,7 +5,7 @@ before the softmax -- head 0's accumulated selections, different for every query
 from step to step -- and under per-layer KV budgets each layer masks the tokens it evicted, which
 differ from layer to layer. No block table says either. So, for such a model, the plugin replaces each
 attention layer's ``impl.forward`` with :func:`selective_forward`, which runs the very function the
-trainer and the reference engine run (:mod:`rollouts.selective_attention`) on each request of the batch::
+trainer and the reference engine run (:mod:`rollouts.selective.attention`) on each request of the batch::
 
     per step (planned in _prepare_inputs, after the DA plan):
         rows = for each request of the batch: its tokens in the flat batch, its first position,
@@ -15,7 +15,7 @@ trainer and the reference engine run (:mod:`rollouts.selective_attention`) on ea
         out[row tokens] = selective attention(query rows, every key so far, DA mask or causal,
                                               state = the request's AttentionState)
 
-The request's :class:`~rollouts.selective_attention.AttentionState` holds ``F``'s running sums per
+The request's :class:`~rollouts.selective.attention.AttentionState` holds ``F``'s running sums per
 layer and, under budgets, what each layer holds: the prefill replays eviction over the prompt, then each
 arriving token evicts the held token with the largest ``F`` once the layer is full -- the decisions
 :class:`~rollouts.engines.reference.ReferenceEngine` and the trainer's replay take, by the same code.
@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollouts.eviction import load_budgets
 from rollouts.masks.visibility import visible_keys
-from rollouts.selective_attention import AttentionState, selective_attention_forward
+from rollouts.selective.attention import AttentionState, selective_attention_forward
+from rollouts.selective.eviction import load_budgets
 
 SA_KEY = "heed_sa_key"  # extra_args key: the accounting key of a request to a Selective Attention model
 MAX_FINISHED_REPORTS = 65536  # reports kept for the driver to collect

@@ -347,7 +347,7 @@ def test_selective_attention_settings_are_checked(overrides, message):
 
 
 def test_the_fused_kernel_is_refused_without_cuda(monkeypatch):
-    import rollouts.selective_attention as sa
+    import rollouts.selective.attention as sa
     from rl.train import TrainRecipe
 
     config = load_run_config(REPO / "configs" / "tiny-selective.yaml", ["selective.kernel=triton"])

@@ -105,7 +105,7 @@ def test_selective_logprobs_replay_the_engines_evictions(small_model, tokenizer,
     from rl.logprobs import masked_completion_logps
     from rollouts.engines import RolloutRequest
     from rollouts.engines.reference import ReferenceEngine
-    from rollouts.selective_attention import SELECTIVE, AttentionState
+    from rollouts.selective.attention import SELECTIVE, AttentionState
 
     model = copy.deepcopy(small_model)
     model.config.selective_attention = True

@@ -88,9 +88,9 @@ def test_sft_raises_gold_likelihood_under_the_mask(tokenizer, token_table, tmp_p
 
 def test_selective_model_sft_adds_the_memory_loss(tokenizer):
     """A Selective Attention model's SFT loss is the DA-masked LM loss plus L_mem over the real tokens."""
-    from rl.selective_model import forward_with_memory_loss
+    from rl.selective.losses import forward_with_memory_loss
     from rl.sft import MemoryLossTrainer
-    from rollouts.selective_attention import SELECTIVE
+    from rollouts.selective.attention import SELECTIVE
 
     rows = [encode_sft_row(r, tokenizer, block_size=32) for r in acme_rows(2)]
     batch = DACollator(tokenizer, SELECTIVE, padding_mask=True)(rows)
@@ -119,8 +119,8 @@ def test_selective_model_sft_adds_the_memory_loss(tokenizer):
 def test_completion_loss_under_budgets(tokenizer):
     """The budget search's objective for a DA policy: with budgets the rows never reach it is the plain
     DA-masked SFT loss (an independent path: no eviction state at all); tight budgets change it."""
-    from rl.selective_model import completion_loss_under_budgets
-    from rollouts.selective_attention import SELECTIVE
+    from rl.selective.losses import completion_loss_under_budgets
+    from rollouts.selective.attention import SELECTIVE
 
     rows = [encode_sft_row(r, tokenizer, block_size=32) for r in acme_rows(2)]
     batch = DACollator(tokenizer, SELECTIVE, padding_mask=True)(rows)

@@ -93,8 +93,8 @@ def test_selective_model_decodes_what_one_replayed_forward_computes(tiny_model_d
     the DA mask and the budgets replayed -- the trainer's path. Log-probs and per-layer reads agree."""
     from transformers import AutoModelForCausalLM
 
-    from rollouts.eviction import save_budgets
-    from rollouts.selective_attention import SELECTIVE, AttentionState
+    from rollouts.selective.attention import SELECTIVE, AttentionState
+    from rollouts.selective.eviction import save_budgets
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     model.config.selective_attention = True

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rollouts.eviction import (
+from rollouts.selective.eviction import (
     H2OEviction,
     HeldTokens,
     SelectiveEviction,
@@ -12,7 +12,7 @@ from rollouts.eviction import (
     evict_index,
     selective_keep_mask,
 )
-from rollouts.selective import accumulated_mask
+from rollouts.selective.mask import accumulated_mask
 
 
 def reference_keep(mask, budget, real):

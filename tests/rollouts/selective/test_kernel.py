@@ -1,4 +1,4 @@
-"""The fused Triton Selective Attention forward: its cases (selective_kernel_cases.py) in a process with
+"""The fused Triton Selective Attention forward: its cases (kernel_cases.py) in a process with
 Triton's interpreter on, and the kernel switch."""
 
 import os
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _run(args, **env):
@@ -20,7 +20,7 @@ def _run(args, **env):
 
 
 def test_kernel_cases_in_the_interpreter():
-    cases = Path(__file__).with_name("selective_kernel_cases.py")
+    cases = Path(__file__).with_name("kernel_cases.py")
     result = _run(
         ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=*_cases.py", str(cases)],
         TRITON_INTERPRET="1",
@@ -30,6 +30,6 @@ def test_kernel_cases_in_the_interpreter():
 
 
 def test_unknown_kernel_is_an_error():
-    result = _run(["-c", "import rollouts.selective_attention"], HEED_SELECTIVE_KERNEL="cuda-graphs")
+    result = _run(["-c", "import rollouts.selective.attention"], HEED_SELECTIVE_KERNEL="cuda-graphs")
     assert result.returncode != 0
     assert "HEED_SELECTIVE_KERNEL must be one of dense, triton" in result.stderr

@@ -19,7 +19,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rollouts.selective_attention import (
+from rollouts.selective.attention import (
     SELECTIVE,
     AttentionState,
     bind_state,
@@ -27,7 +27,7 @@ from rollouts.selective_attention import (
     selective_attention_forward,
 )
 
-from .test_selective import reference_mask
+from .test_mask import reference_mask
 
 ARCHS = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 VOCAB = 64

@@ -10,11 +10,12 @@ Layers need very different amounts of context (the paper's 12-layer model ends a
         if loss_m* > target: stop                    # target: the baseline model's loss
         K[m*] -= C
 
-``loss`` is measured on a search split with the eviction replayed (:func:`rl.selective_model.loss_under_budgets`);
-the result is to be evaluated on a separate test split. A budget never goes below 2 (<BOS> and the newest
-token): the last reduction of a layer may be smaller than ``C``. Cost: ``L`` evaluations per accepted
-step. Store the result with :func:`rollouts.eviction.save_budgets` (the model config's
-``selective_budgets``, which ``save_pretrained`` keeps and the engines read).
+``loss`` is measured on a search split with the eviction replayed
+(:func:`rl.selective.losses.loss_under_budgets`); the result is to be evaluated on a separate test split. A
+budget never goes below 2 (<BOS> and the newest token): the last reduction of a layer may be smaller than
+``C``. Cost: ``L`` evaluations per accepted step. Store the result with
+:func:`rollouts.selective.eviction.save_budgets` (the model config's ``selective_budgets``, which
+``save_pretrained`` keeps and the engines read).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rollouts.eviction import MIN_BUDGET, check_budgets
+from rollouts.selective.eviction import MIN_BUDGET, check_budgets
 
 
 @dataclass
@@ -92,10 +93,10 @@ def search_policy_budgets(
     model, batches, step: int = 32, tolerance: float = 0.0, progress=None
 ) -> BudgetSearch:
     """Budgets for a Selective Attention policy of the DA protocol: the greedy search on the loss of gold
-    completions under their DA mask (:func:`rl.selective_model.completion_loss_under_budgets`), down to
+    completions under their DA mask (:func:`rl.selective.losses.completion_loss_under_budgets`), down to
     the policy's own full-cache loss times ``1 + tolerance``. ``batches``: :class:`rl.sft.DACollator`
     batches with ``padding_mask``; ``progress(budgets, loss)`` is called after every evaluation."""
-    from rl.selective_model import completion_loss_under_budgets
+    from rl.selective.losses import completion_loss_under_budgets
 
     batches = list(batches)
     context = max(int(batch["padding_mask"].sum(-1).max()) for batch in batches)
@@ -112,9 +113,9 @@ def search_policy_budgets(
 
 def gold_batches(tokenizer, rows, layout: dict, batch_size: int = 4) -> list[dict]:
     """The gold traces of data ``rows`` as :class:`rl.sft.DACollator` batches (with ``padding_mask``), the
-    input of :func:`rl.selective_model.completion_loss_under_budgets`."""
+    input of :func:`rl.selective.losses.completion_loss_under_budgets`."""
     from rl.sft import DACollator, encode_sft_row
-    from rollouts.selective_attention import SELECTIVE
+    from rollouts.selective.attention import SELECTIVE
 
     rows = [encode_sft_row(row, tokenizer, **layout) for row in rows]
     if not rows:
@@ -168,8 +169,8 @@ def search_export_budgets(
 
     from rl.evaluate import load_split
     from rl.export import HEED_JSON, read_heed_json
-    from rollouts.eviction import save_budgets
-    from rollouts.selective_attention import SELECTIVE
+    from rollouts.selective.attention import SELECTIVE
+    from rollouts.selective.eviction import save_budgets
 
     export_dir = Path(export_dir)
     info = read_heed_json(export_dir)

@@ -30,7 +30,7 @@ Beyond the paper (needed by a real pipeline, identical to it on an unpadded caus
 - :class:`MaskAccumulator` -- the streaming form for decoding. Per layer it keeps one running sum per
   key, ``total[j] = sum of S[k, j]`` over the queries seen so far (``O(n)`` state, not ``O(n^2)``); the
   ``F`` row of the next query *is* that running sum. It is compacted together with the KV cache when
-  tokens are evicted (:mod:`rollouts.eviction`).
+  tokens are evicted (:mod:`rollouts.selective.eviction`).
 
 The memory loss (paper eq. 2) rewards masking aggressively. ``M_i`` approximates how many tokens
 query ``i`` still needs (each key counts ``1 - min(F[i, k], tau) / tau``); a layer's KV budget is set
@@ -52,11 +52,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F_nn
 
-DEFAULT_EPS = 0.1  # paper: "without further tuning"
-DEFAULT_TAU = 1.0
-# How a Selective Attention prefill (and its backward) runs: "dense" (S and F as [b, n, n], SDPA with -F as a
-# bias; any device) or "triton" (rollouts/selective_kernel.py, F never materialised; CUDA)
-KERNELS = ("dense", "triton")
+from .constants import DEFAULT_EPS, DEFAULT_TAU
 
 
 def causal_visibility(q: int, kv: int, device: torch.device | str | None = None) -> torch.Tensor:

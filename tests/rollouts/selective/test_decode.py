@@ -4,11 +4,11 @@ forward, reads what the budgets allow, and its H2O / TOVA decisions follow from 
 import pytest
 import torch
 
-from rollouts.eviction import H2OEviction, SelectiveEviction, TOVAEviction
-from rollouts.eviction_decode import decode_with_eviction
-from rollouts.selective_attention import STANDARD, AttentionState
+from rollouts.selective.attention import STANDARD, AttentionState
+from rollouts.selective.decode import decode_with_eviction
+from rollouts.selective.eviction import H2OEviction, SelectiveEviction, TOVAEviction
 
-from .test_selective_attention import VOCAB, standard_twin, tiny_model
+from .test_attention import VOCAB, standard_twin, tiny_model
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])

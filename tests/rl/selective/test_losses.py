@@ -1,18 +1,16 @@
-"""Training side of Selective Attention: L_mem from a forward, the loss under budgets, budget search."""
+"""Training side of Selective Attention: L_mem from a forward, the loss under budgets."""
 
 import contextlib
 
 import pytest
 import torch
-from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers import AttentionInterface
 
-from rl.selective_budgets import greedy_budget_search
-from rl.selective_model import forward_with_memory_loss, loss_under_budgets
-from rollouts.eviction import load_budgets, save_budgets
-from rollouts.selective_attention import SELECTIVE
+from rl.selective.losses import forward_with_memory_loss, loss_under_budgets
+from rollouts.selective.attention import SELECTIVE
 
-from ..rollouts.test_selective import reference_mask
-from ..rollouts.test_selective_attention import VOCAB, standard_twin, tiny_model
+from ...rollouts.selective.test_attention import VOCAB, standard_twin, tiny_model
+from ...rollouts.selective.test_mask import reference_mask
 
 
 @contextlib.contextmanager
@@ -137,56 +135,3 @@ def test_loss_under_budgets_ignores_padding():
     real = torch.tensor([[0, 0, 0] + [1] * 8])
     alone = loss_under_budgets(model, [ids], [3, 4])
     assert loss_under_budgets(model, [(padded, real)], [3, 4]) == pytest.approx(alone, rel=1e-5)
-
-
-def test_greedy_budget_search_by_hand():
-    # loss(K) = 1 + 0.01 * (24 - K0) + 0.03 * (24 - K1), context 24, step 8, target 1.2:
-    #   start (24, 24): 1.00
-    #   step 1: (16, 24) 1.08 | (24, 16) 1.24 -> accept (16, 24)
-    #   step 2: (8, 24) 1.16  | (16, 16) 1.32 -> accept (8, 24)
-    #   step 3: (2, 24) 1.22 (8 - 8 floors at 2) | (8, 16) 1.40 -> 1.22 > 1.2: stop at (8, 24), 1.16.
-    #   Evaluations: 1 + 2 + 2 + 2 = 7.
-    seen = []
-
-    def loss(budgets):
-        seen.append(budgets)
-        return 1 + 0.01 * (24 - budgets[0]) + 0.03 * (24 - budgets[1])
-
-    result = greedy_budget_search(loss, num_layers=2, context=24, target=1.2, step=8)
-    assert result.budgets == (8, 24)
-    assert result.loss == pytest.approx(1.16)
-    assert [b for b, _ in result.steps] == [(16, 24), (8, 24)]
-    assert result.evaluations == len(seen) == 7
-    assert result.mean_budget == 16
-
-
-def test_greedy_budget_search_stops_at_the_floor_and_at_a_missed_target():
-    floor = greedy_budget_search(lambda b: 0.0, num_layers=3, context=5, target=0.0, step=2)
-    assert floor.budgets == (2, 2, 2)
-    missed = greedy_budget_search(lambda b: 2.0, num_layers=2, context=16, target=1.0)
-    assert missed.budgets == (16, 16) and missed.evaluations == 1 and not missed.steps
-    with pytest.raises(ValueError, match="step"):
-        greedy_budget_search(lambda b: 0.0, num_layers=2, context=16, target=1.0, step=0)
-
-
-def test_budget_search_on_a_tiny_model_and_budgets_round_trip(tmp_path):
-    model = tiny_model("qwen3")
-    torch.manual_seed(1)
-    search, test = torch.randint(1, VOCAB, (4, 16)), torch.randint(1, VOCAB, (4, 16))
-    baseline = loss_under_budgets(model, [search], None)
-    result = greedy_budget_search(
-        lambda b: loss_under_budgets(model, [search], b),
-        num_layers=2,
-        context=16,
-        target=baseline * 1.02,
-        step=4,
-    )
-    assert result.loss <= baseline * 1.02 and sum(result.budgets) < 32
-    assert loss_under_budgets(model, [test], result.budgets) > 0  # the test split is measured separately
-    save_budgets(model.config, result.budgets)
-    model.save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
-    assert load_budgets(loaded.config) == result.budgets
-    assert load_budgets(standard_twin(model).config) == result.budgets  # configs carry them as is
-    with pytest.raises(ValueError, match="3 KV budgets"):
-        save_budgets(model.config, [4, 4, 4])

@@ -1,9 +1,9 @@
-"""The fused Triton Selective Attention forward (rollouts/selective_kernel.py) in Triton's interpreter on CPU:
+"""The fused Triton Selective Attention forward (rollouts/selective/kernel.py) in Triton's interpreter on CPU:
 against the loop reference, its running sums, and inside tiny models (HEED_SELECTIVE_KERNEL=triton) against
 the dense path -- forward, backward, padding, decoding after a fused prefill.
 
 Triton's interpreter must be on before Triton is first imported (its own reductions are jit functions), so
-these cases run in a process of their own: test_selective_kernel.py starts it with TRITON_INTERPRET=1.
+these cases run in a process of their own: test_kernel.py starts it with TRITON_INTERPRET=1.
 """
 
 import importlib
@@ -13,17 +13,17 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-import rollouts.selective_attention as sa
+import rollouts.selective.attention as sa
 
-from .test_selective import reference_mask
-from .test_selective_attention import VOCAB, reference_attention, tiny_model
+from .test_attention import VOCAB, reference_attention, tiny_model
+from .test_mask import reference_mask
 
 
 @pytest.fixture
 def kernel():
     """The kernel module, its kernels built for Triton's interpreter (CPU tensors)."""
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run these cases through test_selective_kernel.py"
-    return importlib.import_module("rollouts.selective_kernel")
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run these cases through test_kernel.py"
+    return importlib.import_module("rollouts.selective.kernel")
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_backward_matches_autograd_through_the_dense_path(kernel, b, h, kv_heads
     outputs, grads_in = [out], [grad_out]
     if tau is not None:
         # the dense path records only the peak; differentiate every row's M through the same F
-        from rollouts.selective import MaskAccumulator, effective_memory
+        from rollouts.selective.mask import MaskAccumulator, effective_memory
 
         full = torch.ones(n, n, dtype=torch.bool).tril()[None] & (True if visible is None else visible)
         f = MaskAccumulator().step(query[:, 0] @ key[:, 0].transpose(-1, -2) * d**-0.5, full)
@@ -173,7 +173,7 @@ def test_decoding_continues_from_a_fused_prefill(use_kernel):
 
 def test_memory_loss_and_its_gradients_match_the_dense_path(use_kernel, monkeypatch):
     # SFT's objective on a Selective Attention model: LM loss + L_mem, left padding, fused vs dense.
-    from rl.selective_model import forward_with_memory_loss
+    from rl.selective.losses import forward_with_memory_loss
 
     model = tiny_model("qwen3", initializer_range=1.0)  # large logits: F crosses tau, L_mem has gradients
     ids = torch.randint(1, VOCAB, (2, 19))

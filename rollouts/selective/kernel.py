@@ -1,6 +1,6 @@
 """Selective Attention as fused Triton kernels: ``softmax(Q K^T * scale - F) V`` without materialising ``F``.
 
-The dense path (:mod:`rollouts.selective_attention`) builds head 0's ``S`` and ``F`` as ``[b, n, n]`` per
+The dense path (:mod:`rollouts.selective.attention`) builds head 0's ``S`` and ``F`` as ``[b, n, n]`` per
 layer and hands ``-F`` to SDPA as a bias. Here ``F`` exists only tile by tile, in two passes over the query
 blocks ``I`` (``BLOCK_M`` rows each) of a sequence:
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .selective import _shifted_cumsum
+from .mask import _shifted_cumsum
 
 try:
     import triton

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from rollouts.selective import (
+from rollouts.selective.mask import (
     MaskAccumulator,
     accumulated_mask,
     effective_memory,

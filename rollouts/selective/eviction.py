@@ -2,7 +2,7 @@
 
 Selective Attention's context pruning (paper §4): layer ``l`` holds at most ``K_l`` tokens. While it holds
 fewer, nothing happens; once it holds ``K_l``, each arriving token first evicts one held token -- the one
-with the largest accumulated mask ``F`` (:mod:`rollouts.selective`) in the arriving token's row -- and
+with the largest accumulated mask ``F`` (:mod:`rollouts.selective.mask`) in the arriving token's row -- and
 then enters. So the arriving token attends to exactly ``K_l`` tokens, itself included, and an evicted
 token never comes back. The first token (<BOS>) is never evicted; ties go to the oldest token.
 
@@ -31,8 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-MIN_BUDGET = 2  # <BOS>, which is never evicted, and the arriving token itself
-CONFIG_KEY = "selective_budgets"  # where a checkpoint's config.json keeps its per-layer budgets
+from .constants import CONFIG_KEY, MIN_BUDGET
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The model change is one attention function, registered with transformers' attention registry under
 :data:`SELECTIVE` (``"heed_selective"``). Per layer it computes head 0's raw logits
 ``q_0 k_0^T / sqrt(d_k)`` (query head 0 and the KV head it shares under GQA), turns them into the
-accumulated mask ``F`` (:mod:`rollouts.selective`, the single source of truth) under the incoming attention
+accumulated mask ``F`` (:mod:`rollouts.selective.mask`, the single source of truth) under the incoming attention
 mask, and runs SDPA with ``-F`` as an additive bias, so every head's logits become ``logits - F`` before
 the softmax (paper eq. 1). The mask transformers hands in (causal and padding, or a Declarative Attention
 4D bool or float mask) is respected twice: a key a query cannot see is neither attended nor selected.
@@ -11,11 +11,11 @@ the softmax (paper eq. 1). The mask transformers hands in (causal and padding, o
 comparisons, which can report its attention probabilities to H2O / TOVA scoring.
 
 It lives in ``rollouts`` because both sides need the same function: the reference rollout engine and the
-trainer's log-prob forward (``rl/selective_model.py`` adds the training side: L_mem, budget search).
+trainer's log-prob forward (``rl/selective/losses.py`` adds the training side: L_mem, budget search).
 
 Using it (one import registers the functions and teaches ``from_pretrained`` the config flag)::
 
-    import rollouts.selective_attention as sa
+    import rollouts.selective.attention as sa
     config = sa.enable_selective_attention(Qwen3Config(...))    # selective_attention: true
     model = Qwen3ForCausalLM(config)                             # config._attn_implementation == "heed_selective"
     model.save_pretrained(path)                                  # config.json keeps "selective_attention": true
@@ -43,7 +43,7 @@ Memory, per layer: ``S``, ``F`` and the bias are ``[b, q, kv]`` each (float32 fo
 kept for the backward); SDPA's CPU math path materialises the logits and probabilities ``[b, h, q, kv]``
 as eager attention does, while on GPUs the memory-efficient SDPA kernel takes the bias without the
 ``[b, h, q, kv]`` logits. Replayed eviction adds a ``[b, n, n]`` bool keep mask per layer. With
-``HEED_SELECTIVE_KERNEL=triton`` a prefill on CUDA runs :mod:`rollouts.selective_kernel` instead, which never
+``HEED_SELECTIVE_KERNEL=triton`` a prefill on CUDA runs :mod:`rollouts.selective.kernel` instead, which never
 materialises ``F`` (per-key column sums per query block), forward and backward
 (:class:`FusedSelectiveAttention`); L_mem's effective memory comes out of the kernel too. Forwards that
 need ``F`` itself (replayed budgets, attention reports) and decoding steps stay on the dense path.
@@ -62,12 +62,10 @@ import torch.nn.functional as F_nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from .constants import KERNELS, SELECTIVE, STANDARD, SUPPORTED_MODEL_TYPES
 from .eviction import evict_index, selective_keep_mask
-from .selective import KERNELS, MaskAccumulator, causal_visibility, effective_memory
+from .mask import MaskAccumulator, causal_visibility, effective_memory
 
-SELECTIVE = "heed_selective"  # the Selective Attention implementation's registered name
-STANDARD = "heed_standard"  # plain softmax attention that can report to an AttentionState (baselines)
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # their attention modules call the registry uniformly
 # Which Selective Attention kernel a prefill runs (rollouts.selective.KERNELS): "dense", or "triton" (CUDA
 # only; verified in Triton's interpreter on CPU). `heed train` sets it from selective.kernel.
 KERNEL = os.environ.get("HEED_SELECTIVE_KERNEL", "dense")
@@ -87,14 +85,14 @@ class AttentionState:
     - ``tau``: when set, record ``peak_memory[layer]`` ``[b]``, the peak effective memory ``max_i M_i``
       (:func:`rollouts.selective.effective_memory`), for L_mem.
     - ``budgets``: per-layer KV budgets. In a full forward (no cache) they are replayed: each query sees
-      only the keys :func:`rollouts.eviction.selective_keep_mask` says its layer still holds, as a decoding
+      only the keys :func:`rollouts.selective.eviction.selective_keep_mask` says its layer still holds, as a decoding
       loop with eviction would. ``padding_mask`` ``[b, n]`` (True = real token) tells it which tokens enter
       the cache; without it a token is real when it may attend to itself (true of transformers' padding
       masks). Decoding over a KV cache (one token per forward) continues from there: ``held[layer]``
       ``[b, kv]`` is what the layer holds, and each arriving token first evicts the held token with the
       largest ``F`` once the layer holds ``K_l`` -- eviction as masking over a cache that keeps every key
-      (the paged-engine form; :mod:`rollouts.eviction_decode` is the compacting form). Both forms take
-      the same decisions, by the same :func:`rollouts.eviction.evict_index`.
+      (the paged-engine form; :mod:`rollouts.selective.decode` is the compacting form). Both forms take
+      the same decisions, by the same :func:`rollouts.selective.eviction.evict_index`.
     - ``record_attention``: record ``attention[layer]`` ``[b, q, kv]``, the softmax probabilities averaged
       over heads (the H2O / TOVA eviction scores).
     - ``kv_reads[layer]`` ``[b, q]``: the keys each query read, always recorded.
@@ -142,7 +140,7 @@ def _selective_mask(module, query, key, visible, scaling, state: AttentionState 
         raise ValueError(
             "Selective Attention over a KV cache needs the running mask of the earlier tokens: pass "
             "heed_state=AttentionState() (one per generation) to the forward, or wrap generate() in "
-            "`with rollouts.selective_attention.bind_state(model):`"
+            "`with rollouts.selective.attention.bind_state(model):`"
         )
     else:
         accumulator = state.accumulators[layer]
@@ -215,7 +213,7 @@ def _softmax_attention(query, key, value, visible, bias, scaling, dropout) -> to
 
 
 class FusedSelectiveAttention(torch.autograd.Function):
-    """The fused Triton forward and backward of :mod:`rollouts.selective_kernel` as one autograd op.
+    """The fused Triton forward and backward of :mod:`rollouts.selective.kernel` as one autograd op.
 
     ``apply(query, key, value, mask, scaling, tau) -> (out [b, n, h, d], total [b, n], memory)``;
     ``mask`` ``[b, n, n]`` bool (the model's attention mask; causality is added) or None (causal);
@@ -226,7 +224,7 @@ class FusedSelectiveAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, mask, scaling, tau):
-        from .selective_kernel import selective_forward
+        from .kernel import selective_forward
 
         out, total, memory, lse = selective_forward(query, key, value, mask, scaling, tau)
         ctx.save_for_backward(query, key, value, mask, out, lse)
@@ -236,7 +234,7 @@ class FusedSelectiveAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_total, grad_memory):
-        from .selective_kernel import selective_backward
+        from .kernel import selective_backward
 
         query, key, value, mask, out, lse = ctx.saved_tensors
         grads = selective_backward(
@@ -253,9 +251,9 @@ def _use_kernel(query, attention_mask, dropout, state: AttentionState | None) ->
     """
     if KERNEL != "triton" or dropout or (attention_mask is not None and attention_mask.dtype != torch.bool):
         return False
-    from . import selective_kernel
+    from . import kernel
 
-    if not selective_kernel.runs_on(query):
+    if not kernel.runs_on(query):
         return False
     return state is None or (state.budgets is None and not state.record_attention)
 

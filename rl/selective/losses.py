@@ -1,8 +1,8 @@
 """Training a Selective Attention model: the LM loss, the memory loss L_mem, and the loss under KV budgets.
 
 The model change itself (the registered attention function, the ``selective_attention: true`` config
-flag) is :mod:`rollouts.selective_attention`, shared with the rollout side; the math is
-:mod:`rollouts.selective`. This module is what a training loop calls:
+flag) is :mod:`rollouts.selective.attention`, shared with the rollout side; the math is
+:mod:`rollouts.selective.mask`. This module is what a training loop calls:
 
 - :func:`forward_with_memory_loss` -- one forward that also returns ``L_mem`` (paper eq. 2), the auxiliary
   term added to the LM loss in SFT / pre-training and, with its own weight, to the GRPO loss::
@@ -14,7 +14,7 @@ flag) is :mod:`rollouts.selective_attention`, shared with the rollout side; the 
   never the ``[b, n, n]`` mask, so the loss costs no memory beyond what the backward keeps anyway.
 - :func:`loss_under_budgets` -- the mean next-token loss when every layer holds at most ``K_l`` tokens,
   with the eviction replayed inside one forward (exactly what decoding with a compacted cache gives); the
-  objective of the budget search (:mod:`rl.selective_budgets`) on plain text.
+  objective of the budget search (:mod:`rl.selective.budgets`) on plain text.
 - :func:`completion_loss_under_budgets` -- the same for a Declarative Attention policy: the loss of gold
   completions under their DA mask (the SFT objective), the objective of ``heed budgets``.
 """
@@ -25,16 +25,16 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from rollouts.eviction import check_budgets
-from rollouts.selective import DEFAULT_EPS, DEFAULT_TAU, memory_penalty
-from rollouts.selective_attention import AttentionState
+from rollouts.selective.attention import AttentionState
+from rollouts.selective.eviction import check_budgets
+from rollouts.selective.mask import DEFAULT_EPS, DEFAULT_TAU, memory_penalty
 
 
 def _require_selective(model) -> None:
     if not getattr(model.config, "selective_attention", False):
         raise ValueError(
             "this is not a Selective Attention model (config.selective_attention is not set); "
-            "build it with rollouts.selective_attention.enable_selective_attention(config)"
+            "build it with rollouts.selective.attention.enable_selective_attention(config)"
         )
 
 

@@ -1,22 +1,21 @@
 """A reference decoding loop with per-layer KV eviction: one compact cache per layer, really freed.
 
-The loop feeds one token per forward, the prompt included, so eviction starts with the first token exactly
-as the paper's causal pruning does (§4) and as :func:`rollouts.eviction.selective_keep_mask` replays it in
-a single forward. Before token ``t`` enters, every layer that holds ``K_l`` tokens asks its policy for
+The loop feeds one token per forward, the prompt included, so eviction starts with the first token exactly as
+the paper's causal pruning does (§4) and as :func:`rollouts.selective.eviction.selective_keep_mask` replays it
+in a single forward. Before token ``t`` enters, every layer that holds ``K_l`` tokens asks its policy for
 scores and drops the highest-scoring token (never <BOS>): its keys and values, ``F``'s running sum and its
-attention statistics are gathered down to the survivors, so layer ``l`` never stores more than ``K_l``
-tokens. Each layer's cache is a plain tensor of the kept tokens in arrival order; RoPE stays right
-because keys were rotated at their absolute positions when written, and each forward gets its absolute
-position explicitly.
+attention statistics are gathered down to the survivors, so layer ``l`` never stores more than ``K_l`` tokens.
+Each layer's cache is a plain tensor of the kept tokens in arrival order; RoPE stays right because keys were
+rotated at their absolute positions when written, and each forward gets its absolute position explicitly.
 
 What it returns feeds the accounting (docs/ARCHITECTURE.md, contract 7: accounting is exact): ``kv_reads[b, p, l]``, the keys layer ``l``
 read in the forward at position ``p`` (``min(p + 1, K_l)``; per layer, since budgets differ), and
 ``completion_kv_tokens`` ``[b, n_new, L]``, the rows of the forwards that predicted each generated token
 (the :class:`~rollouts.trajectory.Trajectory`'s ``kv_tokens_per_layer``).
 
-Selective Attention models score with ``F`` (:class:`~rollouts.eviction.SelectiveEviction`); a standard
-model is run under :data:`~rollouts.selective_attention.STANDARD` so H2O / TOVA can read its attention
-probabilities. Greedy decoding, a batch of equal-length prompts (no padding), no speculative tricks:
+Selective Attention models score with ``F`` (:class:`~rollouts.selective.eviction.SelectiveEviction`); a
+standard model is run under :data:`~rollouts.selective.attention.STANDARD` so H2O / TOVA can read its
+attention probabilities. Greedy decoding, a batch of equal-length prompts (no padding), no speculative tricks:
 this is the reference the vLLM plugin's block-granular eviction is tested against, not a serving engine.
 """
 
@@ -29,8 +28,9 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from .attention import AttentionState
+from .constants import STANDARD
 from .eviction import EvictionPolicy, HeldTokens, SelectiveEviction, check_budgets, evict_index
-from .selective_attention import STANDARD, AttentionState
 
 
 @dataclass
