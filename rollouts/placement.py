@@ -1,16 +1,25 @@
 """Where the rollout actors run on a Ray cluster: the placement strategies and the checks around them.
 
-The rollout pool (:mod:`rollouts.pool`) reserves its actors' resources in one Ray placement group; the
-trainer's rank 0 (:mod:`rl.train`) checks, once the pool is up, that every actor sits on a node that
-carries the rollout nodes' custom resource (``cluster.rollout_node_resource``); the config sections
-(:mod:`rl.config_sections`) validate ``rollout.placement`` and ``cluster.trainer_placement`` against the
-same strategies. Torch-free, and Ray is imported only by the functions that talk to a cluster, so loading
-a config imports neither.
+The rollout pool (:mod:`rollouts.pool`) reserves its actors' resources in one Ray placement group
+(:func:`place_actors`: a shape the nodes can never hold fails at once, one that does not fit into what is
+free fails after ``placement_timeout_s``, both naming the shape and what each node has); the trainer's
+rank 0 (:mod:`rl.train`) checks, once the pool is up, that every actor sits on a node that carries the
+rollout nodes' custom resource (``cluster.rollout_node_resource``); the pool settings
+(:mod:`rollouts.pool.settings`) and ``cluster.trainer_placement`` validate against the same strategies.
+Torch-free, and Ray is imported only by the functions that talk to a cluster, so loading a config imports
+neither.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollouts.pool.settings import PoolSettings
+
+logger = logging.getLogger(__name__)
 
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement group strategies
 
@@ -77,3 +86,68 @@ def check_rollout_placement(pool, resource: str) -> list[str]:
             "(cluster.trainer_resources) or the rollout nodes more room"
         )
     return ips
+
+
+def place_actors(settings: PoolSettings):
+    """The pool's placement group, placed: ``num_actors`` bundles of ``settings.bundle`` spread by
+    ``settings.placement``, or a :class:`PlacementError` saying why not (judged by the nodes alive now)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    problem = placement_problem(
+        settings.bundle, settings.num_actors, settings.placement, [n["Resources"] for n in nodes]
+    )
+    if problem:
+        raise PlacementError(
+            f"{pool_shape(settings)} can never be placed on this cluster: {problem}. Nodes: "
+            f"{describe_nodes(nodes, settings.bundle)}. Change rollout.num_actors, num_cpus_per_actor, "
+            "num_gpus_per_actor, resources_per_actor or placement, or add nodes that carry those resources"
+        )
+    group = placement_group([settings.bundle] * settings.num_actors, strategy=settings.placement)
+    if not group.wait(timeout_seconds=settings.placement_timeout_s):
+        remove_placement_group(group)
+        available = ray.available_resources()  # (leaves out what is all taken)
+        free = {name: available.get(name, 0.0) for name in settings.bundle}
+        raise PlacementError(
+            f"{pool_shape(settings)} was not placed within {settings.placement_timeout_s:g}s: the nodes could "
+            f"hold it, but other work holds their resources (free now in the whole cluster: {_amounts(free)}; "
+            f"nodes: {describe_nodes(nodes, settings.bundle)}). Free them (e.g. fewer trainer ranks on the "
+            "rollout nodes), or raise rollout.placement_timeout_s if nodes are still joining"
+        )
+    logger.info("rollout placement group ready: %s", pool_shape(settings))
+    return group
+
+
+def bundle_node_alive(group, bundle: int) -> bool:
+    """Whether ``bundle`` of ``group`` is placed on a live node (after a node loss Ray moves it if it can)."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    node = placement_group_table(group).get("bundles_to_node_id", {}).get(bundle)
+    return bool(node) and any(n["NodeID"] == node for n in ray.nodes() if n.get("Alive"))
+
+
+def pool_shape(settings: PoolSettings) -> str:
+    """The pool's placement group in words, for errors and logs.
+
+    >>> from rollouts.pool.settings import PoolSettings
+    >>> pool_shape(PoolSettings(num_actors=2, resources_per_actor={"heed_rollout": 1}))
+    'the rollout placement group (2 x {CPU: 1, heed_rollout: 1}, PACK)'
+    """
+    return f"the rollout placement group ({settings.num_actors} x {_amounts(settings.bundle)}, {settings.placement})"
+
+
+def describe_nodes(nodes: Sequence[Mapping[str, Any]], bundle: Mapping[str, float]) -> str:
+    """Each live node's total of the resources a bundle asks for."""
+    if not nodes:
+        return "none alive"
+    return "; ".join(
+        f"{n['NodeID'][:8]} at {n.get('NodeManagerAddress', '?')} "
+        f"{_amounts({name: n['Resources'].get(name, 0.0) for name in bundle})}"
+        for n in nodes
+    )
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    return "{" + ", ".join(f"{name}: {amount:g}" for name, amount in resources.items()) + "}"

@@ -156,7 +156,8 @@ def test_weight_sync_choices_are_the_pools():
 
 def test_rollout_placement_choices_are_the_pools():
     from rl.config_sections import PLACEMENTS as ROLLOUT_PLACEMENTS
-    from rollouts.pool import PLACEMENTS, PoolConfig
+    from rollouts.placement import PLACEMENTS
+    from rollouts.pool import PoolConfig
 
     assert ROLLOUT_PLACEMENTS == PLACEMENTS
     rollout = load_run_config(None, ["rollout.resources_per_actor={heed_rollout: 1}"]).rollout

@@ -50,8 +50,8 @@ def main(address: str, node_b_pgid: int, out: Path) -> None:
     from rl.demo import acme_example, gold_completion
     from rollouts.engines import RolloutRequest
     from rollouts.engines.reference import ReferenceEngine
-    from rollouts.placement import rollout_nodes
-    from rollouts.pool import PlacementError, PoolConfig, RolloutPool
+    from rollouts.placement import PlacementError, rollout_nodes
+    from rollouts.pool import PoolConfig, RolloutPool
     from rollouts.protocol import build_prompt
     from tests.rollouts.conftest import BLOCK_SIZE, perturbed_model, save_tiny_qwen3
 

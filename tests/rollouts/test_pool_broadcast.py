@@ -25,7 +25,7 @@ TIMEOUT_S = 60.0
 
 def test_weight_sync_mode_is_validated():
     with pytest.raises(
-        ValueError, match="weight_sync must be one of 'object_store', 'broadcast'; got 'nccl'"
+        ValueError, match="weight_sync must be one of object_store, broadcast; got 'nccl'"
     ):
         PoolConfig("m", weight_sync="nccl")
     with pytest.raises(ValueError, match="weight_sync_timeout_s must be > 0"):
@@ -178,7 +178,7 @@ def test_actor_that_does_not_answer_fails_the_update_in_time(ray_pool, acme, wei
 def test_failed_group_step_reports_what_each_actor_did(ray_pool):
     # The error built when joining or sending fails: stand-in calls that finished, failed or never ended.
     ray, _ = ray_pool
-    from rollouts.pool import _sync_failure
+    from rollouts.pool.weights import _sync_failure
 
     @ray.remote(num_cpus=0)
     def call(outcome: str):

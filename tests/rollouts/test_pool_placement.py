@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from rollouts.pool import PoolConfig, placement_problem
+from rollouts.placement import placement_problem
+from rollouts.pool import PoolConfig
 from tests.rl.ray_cluster import start_cluster
 from tests.rl.test_sft_deepspeed import ROOT
 
