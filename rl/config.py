@@ -10,8 +10,9 @@
     eval:       which modes are evaluated, when    logging: wandb      export: the served checkpoint
     cluster:    trainer ranks and their resources on a Ray cluster (`heed launch`)
 
-Every key is documented where it is defined (``rl/config_sections.py``; the comment after each field) and
-checked before anything starts; an error names the key by its dotted path and, for a typo, the near miss::
+Every key is documented where it is defined (``rl/config_sections.py``, the ``rollout`` keys in
+``rollouts/pool/settings.py``; the comment after each field) and checked before anything starts; an
+error names the key by its dotted path and, for a typo, the near miss::
 
     heed: error: configs/tiny.yaml: unknown key 'grpo.num_generation' (did you mean 'num_generations'?)
 
@@ -105,12 +106,7 @@ class RunConfig(Section):
                 )
         if self.selective.enabled:
             self._validate_selective()
-        check(
-            self.rollout_engine == "vllm" or self.rollout.weight_sync == "object_store",
-            "rollout.weight_sync",
-            "the reference engine takes weights through the object store: use object_store",
-        )
-        self.cluster.check_colocation(self.rollout, self.rollout_engine)
+        self.cluster.check_colocation(self.rollout)
         max_model_len = self.rollout.engine_kwargs.get("max_model_len")
         if isinstance(max_model_len, int):
             for key, tokens in (
@@ -127,7 +123,7 @@ class RunConfig(Section):
     @property
     def rollout_engine(self) -> str:
         """The engine the rollout actors run: ``rollout.engine``, with ``auto`` resolved (vLLM)."""
-        return "vllm" if self.rollout.engine == "auto" else self.rollout.engine
+        return self.rollout.resolved_engine
 
     def _validate_selective(self):
         check(

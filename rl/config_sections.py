@@ -25,6 +25,7 @@ from data.schema import DataError
 from data.tasks import TASKS
 from rl.model import TinyModelConfig
 from rollouts.placement import PLACEMENTS
+from rollouts.pool.settings import PoolSettings, SettingError
 from rollouts.protocol.layout import LAYOUT_STYLES
 from rollouts.selective.constants import KERNELS
 from rollouts.selective.constants import MIN_BUDGET as MIN_KV_BUDGET
@@ -47,8 +48,6 @@ LR_SCHEDULERS = (
     "inverse_sqrt",
 )  # fmt: skip
 WANDB_MODES = ("offline", "online", "disabled")
-WEIGHT_SYNC_MODES = ("object_store", "broadcast")  # rollouts.pool.WEIGHT_SYNC_MODES (no torch import here)
-ROLLOUT_ENGINES = ("auto", "vllm", "reference")  # rollouts.pool.ENGINES
 # vllm.LLM arguments the run sets itself: model.path, run.block_size, run.seed.
 RESERVED_ENGINE_KWARGS = {"model": "model.path", "block_size": "run.block_size", "seed": "run.seed"}
 
@@ -502,75 +501,18 @@ class GRPOSection(Section):
 
 
 @dataclass
-class RolloutSection(Section):
+class RolloutSection(Section, PoolSettings):
+    """The rollout pool: :class:`rollouts.pool.settings.PoolSettings`, where every key of this section is
+    documented and checked. This section adds the dotted keys to its errors and refuses the vllm.LLM
+    arguments the run sets itself."""
+
     SECTION: ClassVar[str] = "rollout"
 
-    num_actors: int = 1  # vLLM engines, one Ray actor each
-    num_cpus_per_actor: float = 1.0  # Ray CPUs each actor reserves
-    num_gpus_per_actor: float = 0.0  # Ray GPUs each actor reserves (0 on CPU)
-    ray_address: str | None = None  # None: a local Ray; "auto" or host:port joins an existing cluster
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM arguments
-    env: dict[str, str] = field(default_factory=dict)  # extra environment for the actors (e.g. VLLM_*)
-    max_attempts: int = 3  # tries per request before it comes back as a failed trajectory
-    # How new weights reach the engines after an optimizer step: object_store (through Ray's object store
-    # into every engine; CPU runs) or broadcast (trainer rank 0 -> every engine worker over NCCL on GPUs,
-    # gloo on CPU; for GPU pools). rollouts/pool.py has the details.
-    weight_sync: str = "object_store"
-    weight_sync_timeout_s: float = 300.0  # broadcast: limit for engines to answer, join and take one update
-    # Which engine each actor runs: vllm (with the Heed plugin: DA, and Selective Attention models), reference
-    # (transformers, one request at a time: the oracle, and the fallback where vLLM is not installed), or auto
-    # (vllm).
-    engine: str = "auto"
-    # The actors live in one Ray placement group, one bundle each: num_cpus/gpus_per_actor plus these custom
-    # resources, e.g. {heed_rollout: 1} where only the rollout nodes were started with
-    # `ray start --resources='{"heed_rollout": 8}'` (that keeps the engines there and off the trainer's nodes)
-    resources_per_actor: dict[str, float] = field(default_factory=dict)
-    placement: str = "PACK"  # bundles over nodes: PACK, SPREAD, STRICT_PACK (one node), STRICT_SPREAD
-    placement_timeout_s: float = 300.0  # the pool fails (naming its shape) if not placed within this
-    # A lost engine is replaced in its bundle (Ray moves the bundle when a node has room); a replacement not
-    # placed and started within this is dropped and the run goes on with fewer engines (a lost node)
-    replace_timeout_s: float = 300.0
-
     def validate(self):
-        self.at_least("num_actors", 1)
-        self.at_least("num_cpus_per_actor", 0)
-        self.at_least("num_gpus_per_actor", 0)
-        for name, amount in self.resources_per_actor.items():
-            key = f"{self.key('resources_per_actor')}.{name}"
-            check(
-                name not in ("CPU", "GPU"), key, f"set {self.key(f'num_{name.lower()}s_per_actor')} instead"
-            )
-            check(amount >= 0, key, f"must be >= 0, got {amount}")
-        check(
-            self.num_cpus_per_actor > 0
-            or self.num_gpus_per_actor > 0
-            or any(v > 0 for v in self.resources_per_actor.values()),
-            self.key("num_cpus_per_actor"),
-            "an actor's placement bundle would hold nothing: give it CPUs, GPUs or resources_per_actor",
-        )
-        self.one_of("placement", PLACEMENTS)
-        self.at_least("placement_timeout_s", 0, strict=True)
-        self.at_least("replace_timeout_s", 0, strict=True)
-        check(
-            self.engine_kwargs.get("distributed_executor_backend") != "ray",
-            f"{self.key('engine_kwargs')}.distributed_executor_backend",
-            "each engine holds one bundle of the pool's placement group with all its GPUs and runs its "
-            "workers as its own processes (mp); vLLM's ray executor wants one GPU per bundle: remove it",
-        )
-        self.at_least("max_attempts", 1)
-        self.one_of("weight_sync", WEIGHT_SYNC_MODES)
-        self.one_of("engine", ROLLOUT_ENGINES)
-        self.at_least("weight_sync_timeout_s", 0, strict=True)
-        check(
-            self.weight_sync != "broadcast" or "worker_extension_cls" not in self.engine_kwargs,
-            f"{self.key('engine_kwargs')}.worker_extension_cls",
-            "weight_sync: broadcast sets it (the weight receiver); remove it",
-        )
-        check(
-            self.ray_address is None or self.ray_address,
-            self.key("ray_address"),
-            "must be an address or null",
-        )
+        try:
+            PoolSettings.validate(self)
+        except SettingError as err:
+            raise ConfigError(f"{self.key(err.key)}: {err.reason}") from None
         for name, owner in RESERVED_ENGINE_KWARGS.items():
             check(
                 name not in self.engine_kwargs, f"{self.key('engine_kwargs')}.{name}", f"set {owner} instead"
@@ -769,14 +711,14 @@ class ClusterSection(Section):
         check(ok, self.key("dashboard_port"), f"not a port: {self.dashboard_port}")
         self.at_least("wait_timeout_s", 0, strict=True)
 
-    def check_colocation(self, rollout: RolloutSection, engine_name: str) -> None:
+    def check_colocation(self, rollout: RolloutSection) -> None:
         """With ``colocate``: vLLM engines whose GPU share fits beside the trainer's, weights not over NCCL."""
         if not self.colocate:
             return
         check(
-            engine_name == "vllm",
+            rollout.resolved_engine == "vllm",
             "rollout.engine",
-            f"cluster.colocate needs vLLM engines (their sleep mode frees the GPU); got {engine_name!r}",
+            f"cluster.colocate needs vLLM engines (their sleep mode frees the GPU); got {rollout.engine!r}",
         )
         trainer, engine = self.trainer_resources["GPU"], rollout.num_gpus_per_actor
         check(

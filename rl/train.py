@@ -348,26 +348,11 @@ class TrainRecipe:
         import ray  # noqa: F401  (Ray adds its console handler on import: route it to the log like the rest)
 
         route_framework_logs(self.run_dir)
-        return RolloutPool(
-            PoolConfig(
-                model=str(model_dir),
-                num_actors=cfg.num_actors,
-                block_size=self.config.run.block_size,
-                engine_kwargs=engine_kwargs,
-                env=env,
-                num_cpus_per_actor=cfg.num_cpus_per_actor,
-                num_gpus_per_actor=cfg.num_gpus_per_actor,
-                max_attempts=cfg.max_attempts,
-                ray_address=cfg.ray_address,
-                weight_sync=cfg.weight_sync,
-                weight_sync_timeout_s=cfg.weight_sync_timeout_s,
-                resources_per_actor=cfg.resources_per_actor,
-                placement=cfg.placement,
-                placement_timeout_s=cfg.placement_timeout_s,
-                replace_timeout_s=cfg.replace_timeout_s,
-                engine=self.config.rollout_engine,
-            )
+        block_size = self.config.run.block_size
+        config = PoolConfig.from_settings(
+            cfg, model=str(model_dir), block_size=block_size, engine_kwargs=engine_kwargs, env=env
         )
+        return RolloutPool(config)
 
     # -- phases ----------------------------------------------------------------------------------------
 

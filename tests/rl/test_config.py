@@ -139,8 +139,8 @@ def test_split_digits_is_for_the_local_tokenizer_only():
 
 
 def test_weight_sync_choices_are_the_pools():
-    from rl.config_sections import WEIGHT_SYNC_MODES
     from rollouts.pool import WEIGHT_SYNC_MODES as POOL_MODES
+    from rollouts.pool.settings import WEIGHT_SYNC_MODES
 
     assert WEIGHT_SYNC_MODES == POOL_MODES
     with pytest.raises(ConfigError, match=r"rollout\.weight_sync: must be one of object_store, broadcast"):
@@ -363,8 +363,8 @@ def test_the_fused_kernel_is_refused_without_cuda(monkeypatch):
 
 
 def test_selective_config_runs_its_rollouts_on_vllm():
-    from rl.config_sections import ROLLOUT_ENGINES
     from rollouts.pool import ENGINES
+    from rollouts.pool.settings import ENGINE_CHOICES as ROLLOUT_ENGINES
 
     assert set(ROLLOUT_ENGINES) == {"auto", *ENGINES}
     selective = load_run_config(REPO / "configs" / "tiny-selective.yaml")
