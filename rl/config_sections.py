@@ -447,6 +447,38 @@ class GRPOSection(Section):
     save_total_limit: int | None = 3  # checkpoints kept (oldest deleted); None keeps all
     log_trajectories: int = 4  # trajectories per step written to the run dir for the dashboard
 
+    # The fields TRL's GRPOConfig takes as they are, by TRL's name for each (to_grpo_config), and the ones
+    # Heed reads itself: the phase switch, the prompt sampler's batch, prompt sharing, the dashboard's
+    # trajectories, and deepspeed (TRL gets it resolved: deepspeed_path). Every field is in one of the two.
+    TRL_FIELDS: ClassVar[dict[str, str]] = {
+        "max_steps": "max_steps",
+        "learning_rate": "learning_rate",
+        "warmup_steps": "warmup_steps",
+        "lr_scheduler_type": "lr_scheduler_type",
+        "weight_decay": "weight_decay",
+        "max_grad_norm": "max_grad_norm",
+        "gradient_accumulation_steps": "gradient_accumulation_steps",
+        "num_generations": "num_generations",
+        "max_completion_length": "max_completion_length",
+        "temperature": "temperature",
+        "top_p": "top_p",
+        "beta": "beta",
+        "loss_type": "loss_type",
+        "epsilon": "epsilon",
+        "epsilon_high": "epsilon_high",
+        "num_iterations": "num_iterations",
+        "scale_rewards": "scale_rewards",
+        "importance_sampling_correction": "vllm_importance_sampling_correction",
+        "importance_sampling_mode": "vllm_importance_sampling_mode",
+        "importance_sampling_clip_max": "vllm_importance_sampling_clip_max",
+        "logging_steps": "logging_steps",
+        "save_steps": "save_steps",
+        "save_total_limit": "save_total_limit",
+    }
+    HEED_FIELDS: ClassVar[tuple[str, ...]] = (
+        "enabled", "prompts_per_step", "share_prompt", "log_trajectories", "deepspeed",
+    )  # fmt: skip
+
     def validate(self):
         for name in ("max_steps", "prompts_per_step", "gradient_accumulation_steps", "max_completion_length"):
             self.at_least(name, 1)
@@ -487,6 +519,41 @@ class GRPOSection(Section):
                 f"{self.deepspeed!r} not found (relative paths are tried from "
                 f"{', '.join(map(str, search_roots()))}); use e.g. configs/deepspeed/zero2.json",
             )
+
+    def to_grpo_config(
+        self, run: RunSection, model: ModelSection, *, output_dir: str, world: int = 1,
+        report_to: typing.Sequence[str] = (), progress_bar: bool = False,
+    ):  # fmt: skip
+        """TRL's ``GRPOConfig`` for this section under ``run`` (seed, name) and ``model`` (precision, gradient
+        checkpointing), on ``world`` trainer processes: every field of ``TRL_FIELDS`` under TRL's name, the
+        global batch of ``prompts_per_step * num_generations`` completions split over the processes and
+        accumulation steps, checkpoints every ``save_steps``. ``report_to``: TRL's loggers (wandb or none)."""
+        import torch
+        from trl import GRPOConfig
+
+        completions = self.prompts_per_step * self.num_generations
+        if completions % (self.gradient_accumulation_steps * world):
+            raise ConfigError(
+                f"{self.key('prompts_per_step')}: grpo.prompts_per_step * grpo.num_generations = {completions} "
+                f"completions do not split over {world} processes x {self.gradient_accumulation_steps} "
+                "accumulation steps"
+            )
+        return GRPOConfig(
+            **{theirs: getattr(self, ours) for ours, theirs in self.TRL_FIELDS.items()},
+            output_dir=output_dir,
+            per_device_train_batch_size=completions // (self.gradient_accumulation_steps * world),
+            deepspeed=self.deepspeed_path,
+            save_strategy="steps",
+            seed=run.seed,
+            run_name=run.name,
+            gradient_checkpointing=model.gradient_checkpointing,
+            bf16=model.dtype == "bfloat16",
+            fp16=model.dtype == "float16",
+            use_cpu=not torch.cuda.is_available(),
+            report_to=list(report_to),
+            dataloader_num_workers=0,
+            disable_tqdm=not progress_bar,
+        )
 
     @property
     def deepspeed_path(self) -> str | None:
@@ -568,6 +635,18 @@ class LoggingSection(Section):
     def validate(self):
         self.one_of("wandb_mode", WANDB_MODES)
         check(self.wandb_project, self.key("wandb_project"), "must be a non-empty string")
+
+    @property
+    def report_to(self) -> list[str]:
+        """The trainers' loggers: wandb, unless disabled."""
+        return [] if self.wandb_mode == "disabled" else ["wandb"]
+
+    def wandb_environment(self, run_dir: str | Path) -> dict[str, str]:
+        """The environment wandb reads for this run (mode, project, files under ``run_dir``, the key)."""
+        if self.wandb_mode == "disabled":
+            return {}
+        env = {"WANDB_MODE": self.wandb_mode, "WANDB_PROJECT": self.wandb_project, "WANDB_DIR": str(run_dir)}
+        return env | ({"WANDB_API_KEY": self.wandb_api_key} if self.wandb_api_key else {})
 
 
 @dataclass

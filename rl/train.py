@@ -568,7 +568,6 @@ class TrainRecipe:
 
     def grpo(self) -> None:
         from datasets import Dataset
-        from trl import GRPOConfig
 
         from rewards.efficiency import DecodeCost
         from rewards.trl_rewards import trl_reward_functions
@@ -577,51 +576,10 @@ class TrainRecipe:
         from rollouts.protocol import token_bytes_table
 
         cfg, g = self.config, self.config.grpo
-        completions_per_step = g.prompts_per_step * g.num_generations
-        world = self.ranks.world  # trainer processes: the global batch is split over them
-        if completions_per_step % (g.gradient_accumulation_steps * world):
-            raise ValueError(
-                f"grpo.prompts_per_step * grpo.num_generations = {completions_per_step} completions do not "
-                f"split over {world} processes x {g.gradient_accumulation_steps} accumulation steps"
-            )
-        args = GRPOConfig(
-            output_dir=str(self.run_dir / "checkpoints"),
-            max_steps=g.max_steps,
-            learning_rate=g.learning_rate,
-            warmup_steps=g.warmup_steps,
-            lr_scheduler_type=g.lr_scheduler_type,
-            weight_decay=g.weight_decay,
-            max_grad_norm=g.max_grad_norm,
-            per_device_train_batch_size=completions_per_step // (g.gradient_accumulation_steps * world),
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-            gradient_accumulation_steps=g.gradient_accumulation_steps,
-            num_generations=g.num_generations,
-            max_completion_length=g.max_completion_length,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            beta=g.beta,
-            loss_type=g.loss_type,
-            epsilon=g.epsilon,
-            epsilon_high=g.epsilon_high,
-            num_iterations=g.num_iterations,
-            scale_rewards=g.scale_rewards,
-            vllm_importance_sampling_correction=g.importance_sampling_correction,
-            vllm_importance_sampling_mode=g.importance_sampling_mode,
-            vllm_importance_sampling_clip_max=g.importance_sampling_clip_max,
-            deepspeed=g.deepspeed_path,
-            logging_steps=g.logging_steps,
-            save_strategy="steps",
-            save_steps=g.save_steps,
-            save_total_limit=g.save_total_limit,
-            seed=cfg.run.seed,
-            bf16=cfg.model.dtype == "bfloat16",
-            fp16=cfg.model.dtype == "float16",
-            use_cpu=not torch.cuda.is_available(),
-            report_to=self._report_to(),
-            run_name=cfg.run.name,
-            dataloader_num_workers=0,
-            disable_tqdm=not interactive(),
-        )
+        args = g.to_grpo_config(
+            cfg.run, cfg.model, output_dir=str(self.run_dir / "checkpoints"), world=self.ranks.world,
+            report_to=self._report_to(), progress_bar=interactive(),
+        )  # fmt: skip
         rows = self.data[cfg.data.train_split]
         sampler = CurriculumSampler(
             rows["task"],
@@ -681,15 +639,10 @@ class TrainRecipe:
             trainer.state.save_to_json(str(self.run_dir / "final" / "trainer_state.json"))  # its step
 
     def _report_to(self) -> list[str]:
-        mode = self.config.logging.wandb_mode
-        if mode == "disabled":
-            return []
-        os.environ.setdefault("WANDB_MODE", mode)
-        os.environ.setdefault("WANDB_PROJECT", self.config.logging.wandb_project)
-        os.environ.setdefault("WANDB_DIR", str(self.run_dir))
-        if self.config.logging.wandb_api_key:
-            os.environ.setdefault("WANDB_API_KEY", self.config.logging.wandb_api_key)
-        return ["wandb"]
+        """The trainer's loggers, with wandb's environment set (what the caller's environment leaves unset)."""
+        for name, value in self.config.logging.wandb_environment(self.run_dir).items():
+            os.environ.setdefault(name, value)
+        return self.config.logging.report_to
 
     def _evaluate_phase(self, phase: str, step: int) -> None:
         """The evals after a training phase: greedy (or as eval.temperature says) in every eval mode, then,

@@ -239,6 +239,35 @@ def test_secrets_are_never_saved_or_printed(tmp_path):
     assert load_run_config(out) == load_run_config(None)  # everything else survives
 
 
+def test_grpo_section_reaches_trls_config():
+    # Guards the declared mapping: every GRPOSection field is either passed to TRL (TRL_FIELDS) or read by
+    # Heed itself (HEED_FIELDS), and each passed one arrives in GRPOConfig with the value set here.
+    from dataclasses import fields
+
+    values = {
+        "max_steps": 7, "learning_rate": 3e-5, "warmup_steps": 2, "lr_scheduler_type": "linear",
+        "weight_decay": 0.01, "max_grad_norm": 0.5, "gradient_accumulation_steps": 2, "num_generations": 3,
+        "max_completion_length": 33, "temperature": 0.7, "top_p": 0.9, "beta": 0.04, "loss_type": "grpo",
+        "epsilon": 0.1, "epsilon_high": 0.28, "num_iterations": 2, "scale_rewards": "batch",
+        "importance_sampling_correction": False, "importance_sampling_mode": "token_mask",
+        "importance_sampling_clip_max": 2.0, "logging_steps": 3, "save_steps": 4, "save_total_limit": 2,
+    }  # fmt: skip
+    assert set(values) == set(GRPOSection.TRL_FIELDS)
+    assert {f.name for f in fields(GRPOSection)} == set(GRPOSection.TRL_FIELDS) | set(GRPOSection.HEED_FIELDS)
+    default = GRPOSection()
+    assert all(getattr(default, name) != value for name, value in values.items())  # each one visibly set
+    config = load_run_config(None, ["run.seed=7", "run.name=mapped", "model.gradient_checkpointing=true"])
+    section = GRPOSection(prompts_per_step=6, **values)
+    args = section.to_grpo_config(config.run, config.model, output_dir="runs/x/checkpoints", world=1)
+    for name, value in values.items():
+        assert getattr(args, GRPOSection.TRL_FIELDS[name]) == value, name
+    assert args.per_device_train_batch_size == 6 * 3 // 2  # prompts x generations over accumulation steps
+    assert (args.seed, args.run_name, args.gradient_checkpointing) == (7, "mapped", True)
+    assert (args.output_dir, args.deepspeed, args.save_strategy) == ("runs/x/checkpoints", None, "steps")
+    with pytest.raises(ConfigError, match=r"grpo\.prompts_per_step: .* do not split over 4 processes"):
+        section.to_grpo_config(config.run, config.model, output_dir="x", world=4)
+
+
 def test_sft_section_to_sft_config():
     config = load_run_config("configs/tiny-thinking.yaml", ["run.seed=7"])
     sft = config.sft.to_sft_config(config.run, "runs/x/sft", config.grpo.deepspeed_path)
