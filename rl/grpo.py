@@ -60,6 +60,7 @@ from rollouts.engines.base import RolloutRequest
 from rollouts.masks import CompletionTrace, trace_completion
 from rollouts.protocol import PromptLayout, token_bytes_table
 from rollouts.trajectory import Trajectory
+from rollouts.weight_sync import SyncStats
 
 logger = logging.getLogger(__name__)
 
@@ -103,12 +104,8 @@ class PoolWeightSync:
             weights = list(named_parameters_gathered(model))
         if accelerator.is_main_process:
             stats = self.pool.update_weights(weights)
-            if stats is not None:  # sizes and times reach the metrics with the next rollouts
-                self.trainer._sync_metrics = {
-                    "weight_sync/bytes": stats.bytes,
-                    "weight_sync/seconds": stats.seconds,
-                    "rollouts/engines": self.pool.num_alive,  # fewer than rollout.num_actors after a node loss
-                }
+            if stats is not None:
+                self.trainer.on_weight_sync(stats, engines=self.pool.num_alive)
         accelerator.wait_for_everyone()
         self.syncs += 1
 
@@ -291,6 +288,16 @@ class HeedGRPOTrainer(GRPOTrainer):
         return self._heed_sampler if self._heed_sampler is not None else super()._get_train_sampler(dataset)
 
     # -- rollouts --------------------------------------------------------------------------------------
+
+    def on_weight_sync(self, stats: SyncStats, engines: int) -> None:
+        """Called by :class:`PoolWeightSync` on rank 0 after a weight push: its size and time, and the
+        engines that took it (fewer than rollout.num_actors after a node loss), reach the metrics with the
+        next rollouts."""
+        self._sync_metrics = {
+            "weight_sync/bytes": stats.bytes,
+            "weight_sync/seconds": stats.seconds,
+            "rollouts/engines": engines,
+        }
 
     def on_rollouts(
         self, trajectories: list[Trajectory], wall_time_s: float, batch: list[Trajectory] | None = None
