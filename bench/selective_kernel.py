@@ -5,9 +5,9 @@ tokens, ``h`` query heads over ``h_kv`` KV heads of ``d``), timed with CUDA even
 peak CUDA memory above the inputs, as a forward (prefill) and as forward + backward (training):
 
 - ``sdpa``: plain causal SDPA (flash attention), no Selective Attention -- the floor;
-- ``dense``: Selective Attention as the model runs it by default (``HEED_SELECTIVE_KERNEL=dense``): head 0's
+- ``dense``: Selective Attention as the model runs it by default (``selective.kernel: dense``): head 0's
   ``S`` and ``F`` as ``[b, n, n]`` float32 and SDPA with ``-F`` as an additive bias;
-- ``fused``: :mod:`rollouts.selective.kernel` (``HEED_SELECTIVE_KERNEL=triton``).
+- ``fused``: :mod:`rollouts.selective.kernel` (``selective.kernel: triton``).
 
 It first checks that ``fused`` and ``dense`` agree (max |diff| of the output and of ``dq``), then prints
 milliseconds and MiB per version and the ratio ``dense / fused``. Needs CUDA; on a machine without it, it
@@ -51,12 +51,13 @@ def _versions(query, key, value, scale: float) -> dict:
     """The three versions over one input, as callables returning ``[b, n, h, d]``."""
     import rollouts.selective.attention as sa
 
-    sa.KERNEL = "dense"
     return {
         "sdpa": lambda: F_nn.scaled_dot_product_attention(
             query, key, value, is_causal=True, scale=scale, enable_gqa=True
         ).transpose(1, 2),
-        "dense": lambda: sa.selective_attention_forward(_Layer(), query, key, value, None, scale)[0],
+        "dense": lambda: sa.selective_attention_forward(
+            _Layer(), query, key, value, None, scale, kernel="dense"
+        )[0],
         "fused": lambda: sa.FusedSelectiveAttention.apply(query, key, value, None, scale, None)[0],
     }
 

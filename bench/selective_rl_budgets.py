@@ -31,8 +31,9 @@ from pathlib import Path
 def _load(folder: Path):
     from transformers import AutoModelForCausalLM
 
-    from rollouts.selective.attention import SELECTIVE
+    from rollouts.selective.attention import SELECTIVE, register_selective_attention
 
+    register_selective_attention()
     return AutoModelForCausalLM.from_pretrained(folder, attn_implementation=SELECTIVE).eval()
 
 

@@ -44,7 +44,7 @@ import time
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from rollouts.selective.attention import SELECTIVE, enable_selective_attention
+from rollouts.selective.attention import SELECTIVE, enable_selective_attention, register_selective_attention
 
 BOS, QUERY, FIRST_VARIABLE = 0, 1, 2
 
@@ -113,6 +113,7 @@ def build_models(args):
 def same_init_models(config, seed: int, num_selective: int = 1):
     """``(standard, [selective, ...])``: an SDPA model and ``num_selective`` Selective Attention models of
     ``config``, all with the standard model's random initial weights (seeded)."""
+    register_selective_attention()
     torch.manual_seed(seed)
     standard_config = copy.deepcopy(config)
     standard_config._attn_implementation = "sdpa"

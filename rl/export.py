@@ -31,7 +31,8 @@ The export is written to a temporary folder beside ``out`` and renamed into plac
 crash leaves no half export; a non-empty ``out`` is replaced only with ``overwrite``.
 
 A Selective Attention checkpoint (``selective_attention: true`` in ``config.json``) loads with standard
-attention unless ``rollouts.selective.attention`` is imported first: that is a Heed install, not remote code.
+attention unless :func:`rollouts.selective.attention.register_selective_attention` has run in the process
+first: that is a Heed install, not remote code.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from rollouts.masks import (
     mask_batch,
     shared_mask_batch,
 )
-from rollouts.selective.attention import SELECTIVE
+from rollouts.selective.constants import SELECTIVE
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ from rl.distributed import TrainerRanks, release_process_group
 from rl.export import COMPLETE_MARKER, complete_steps
 from rollouts.placement import check_rollout_placement
 from rollouts.pool import ACTOR_LOG_ENV
-from rollouts.selective.attention import SELECTIVE
+from rollouts.selective.constants import SELECTIVE
 
 logger = logging.getLogger(__name__)
 # what a GRPO progress line shows besides the loss (TRL's mean reward, the batch's accuracy and KV saving)
@@ -160,9 +160,10 @@ class TrainRecipe:
         self.eval_rows = held_out[: cfg.data.eval_examples] if cfg.data.eval_examples else held_out
 
     def _select_kernel(self) -> None:
-        """``selective.kernel`` for this process's Selective Attention forwards (the rollout actors get it
-        through their environment, see ``_pool``)."""
-        import rollouts.selective.attention as sa
+        """Register Selective Attention with transformers, its prefills on ``selective.kernel``, before the
+        policy is built or loaded (the rollout actors get the kernel through their environment, see
+        ``_pool``)."""
+        from rollouts.selective.attention import register_selective_attention
 
         kernel = self.config.selective.kernel
         if kernel == "triton" and not torch.cuda.is_available():
@@ -170,7 +171,7 @@ class TrainRecipe:
                 "selective.kernel: triton runs on CUDA only and this machine has no CUDA device; "
                 "set selective.kernel: dense"
             )
-        sa.KERNEL = kernel
+        register_selective_attention(kernel)
 
     def _inputs(self) -> Path:
         """Tokenizer, data and model of the run (built into the run directory when missing); returns the

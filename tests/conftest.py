@@ -38,6 +38,17 @@ def token_table(tokenizer):
     return token_bytes_table(tokenizer)
 
 
+@pytest.fixture
+def selective_attention():
+    """transformers taught Selective Attention (dense kernel), as a recipe or an engine does before it builds
+    or loads a Selective Attention model; a test that switches the kernel switches it back."""
+    from rollouts.selective.attention import register_selective_attention
+
+    register_selective_attention(kernel="dense")
+    yield
+    register_selective_attention(kernel="dense")
+
+
 @pytest.fixture(scope="session")
 def small_model(tokenizer):
     """A 2-layer Qwen3 (hidden 64, 2 query / 1 KV heads, head_dim 32) in eval mode, fixed seed."""

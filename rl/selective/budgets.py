@@ -115,7 +115,7 @@ def gold_batches(tokenizer, rows, layout: dict, batch_size: int = 4) -> list[dic
     """The gold traces of data ``rows`` as :class:`rl.sft.DACollator` batches (with ``padding_mask``), the
     input of :func:`rl.selective.losses.completion_loss_under_budgets`."""
     from rl.sft import DACollator, encode_sft_row
-    from rollouts.selective.attention import SELECTIVE
+    from rollouts.selective.constants import SELECTIVE
 
     rows = [encode_sft_row(row, tokenizer, **layout) for row in rows]
     if not rows:
@@ -169,7 +169,7 @@ def search_export_budgets(
 
     from rl.evaluate import load_split
     from rl.export import HEED_JSON, read_heed_json
-    from rollouts.selective.attention import SELECTIVE
+    from rollouts.selective.attention import SELECTIVE, register_selective_attention
     from rollouts.selective.eviction import save_budgets
 
     export_dir = Path(export_dir)
@@ -182,6 +182,7 @@ def search_export_budgets(
             f"{export_dir} is not a Selective Attention model (config.json: selective_attention)"
         )
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    register_selective_attention()  # the search replays budgets, which run on the dense kernel anyway
     model = AutoModelForCausalLM.from_pretrained(export_dir, attn_implementation=SELECTIVE).eval()
     layout = {
         "block_size": info["block_size"],

@@ -51,7 +51,7 @@ def forward_with_memory_loss(
     """``(outputs, l_mem)``: the model's forward and ``eps * sum_l max_i M_i^l / (L * n_nonpad)``.
 
     ``forward_kwargs`` go to the model (``labels``, ``position_ids``, ...). Padding follows
-    :func:`rollouts.selective.memory_loss`: padding keys are not memory, padding queries are left out of
+    :func:`rollouts.selective.mask.memory_loss`: padding keys are not memory, padding queries are left out of
     the max (transformers' padding masks hide padding keys from every real query, and a padding query's
     ``M`` never exceeds that of the real token before it), and ``n_nonpad`` counts real tokens. A 4D
     ``attention_mask`` (e.g. Declarative Attention's) goes to the model as is; pass the 2D padding mask

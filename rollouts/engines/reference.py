@@ -37,7 +37,8 @@ import torch
 
 from rollouts.masks.visibility import VisibilityTracker, visible_keys
 from rollouts.protocol.tokens import token_bytes_table
-from rollouts.selective.attention import SELECTIVE, AttentionState
+from rollouts.selective.attention import AttentionState, kernel_from_env, register_selective_attention
+from rollouts.selective.constants import SELECTIVE
 from rollouts.selective.eviction import check_budgets, load_budgets
 from rollouts.trajectory import Trajectory
 
@@ -48,7 +49,9 @@ class ReferenceEngine:
     """Decodes :class:`RolloutRequest` s with transformers under the request's DA mode.
 
     Args:
-        model: a causal LM, or a path to load one from (fp32 by default, SDPA attention).
+        model: a causal LM, or a path to load one from (fp32 by default, SDPA attention; a Selective
+            Attention checkpoint registers Selective Attention first, its kernel from
+            ``HEED_SELECTIVE_KERNEL``).
         tokenizer: its tokenizer (loaded from ``model`` when that is a path).
         dtype: dtype to load a model path in.
         device: where to run.
@@ -77,6 +80,8 @@ class ReferenceEngine:
 
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
             selective = getattr(AutoConfig.from_pretrained(model), "selective_attention", False)
+            if selective:  # the kernel as the trainer chose it, when it started this process
+                register_selective_attention(kernel_from_env())
             model = AutoModelForCausalLM.from_pretrained(
                 model, dtype=dtype, attn_implementation=SELECTIVE if selective else "sdpa"
             )

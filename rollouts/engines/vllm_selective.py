@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from rollouts.masks.visibility import visible_keys
-from rollouts.selective.attention import AttentionState, selective_attention_forward
+from rollouts.selective.attention import AttentionState, kernel_from_env, selective_attention_forward
 from rollouts.selective.eviction import load_budgets
 
 SA_KEY = "heed_sa_key"  # extra_args key: the accounting key of a request to a Selective Attention model
@@ -145,6 +145,7 @@ class SelectiveWorkerState:
     def __init__(self, runner):
         hf_config = runner.model_config.hf_config
         self.budgets = load_budgets(hf_config)
+        self.kernel = kernel_from_env()  # the run's selective.kernel, for prefills
         self.num_layers = hf_config.num_hidden_layers
         self.requests: dict[str, _SelectiveRequest] = {}
         self.finished: dict[str, dict[str, Any]] = {}
@@ -272,6 +273,7 @@ def selective_forward(
             mask,
             scaling=impl.scale,
             heed_state=request.state,
+            kernel=worker.kernel,
         )
         output[tokens] = out[0].to(output.dtype)  # [q, heads, d]
         if worker.budgets is not None:  # what each forward that predicts a generated token read

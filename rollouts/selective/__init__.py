@@ -10,5 +10,7 @@
 - :mod:`~rollouts.selective.decode` -- a reference decoding loop with a compacted per-layer cache.
 - :mod:`~rollouts.selective.constants` -- names and numbers, torch-free.
 
-The vLLM path is :mod:`rollouts.engines.vllm_selective`, the training side :mod:`rl.selective`.
+Importing them changes nothing in transformers: a process that builds or loads a Selective Attention model
+calls :func:`~rollouts.selective.attention.register_selective_attention` first. The vLLM path is
+:mod:`rollouts.engines.vllm_selective`, the training side :mod:`rl.selective`.
 """

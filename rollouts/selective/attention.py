@@ -1,32 +1,34 @@
 """Selective Attention inside Hugging Face decoder models (Llama, Qwen2, Qwen3; GQA included).
 
 The model change is one attention function, registered with transformers' attention registry under
-:data:`SELECTIVE` (``"heed_selective"``). Per layer it computes head 0's raw logits
-``q_0 k_0^T / sqrt(d_k)`` (query head 0 and the KV head it shares under GQA), turns them into the
-accumulated mask ``F`` (:mod:`rollouts.selective.mask`, the single source of truth) under the incoming attention
-mask, and runs SDPA with ``-F`` as an additive bias, so every head's logits become ``logits - F`` before
-the softmax (paper eq. 1). The mask transformers hands in (causal and padding, or a Declarative Attention
-4D bool or float mask) is respected twice: a key a query cannot see is neither attended nor selected.
-:data:`STANDARD` (``"heed_standard"``) is the same function without ``F``: the baseline model of eviction
-comparisons, which can report its attention probabilities to H2O / TOVA scoring.
+:data:`SELECTIVE` (``"heed_selective"``). Per layer it computes head 0's raw logits ``q_0 k_0^T / sqrt(d_k)``
+(query head 0 and the KV head it shares under GQA), turns them into the accumulated mask ``F``
+(:mod:`rollouts.selective.mask`, the single source of truth) under the incoming attention mask, and runs SDPA
+with ``-F`` as an additive bias, so every head's logits become ``logits - F`` before the softmax (paper
+eq. 1). The mask transformers hands in (causal and padding, or a Declarative Attention 4D bool or float mask)
+is respected twice: a key a query cannot see is neither attended nor selected. :data:`STANDARD`
+(``"heed_standard"``) is the same function without ``F``: the baseline model of eviction comparisons, which
+can report its attention probabilities to H2O / TOVA scoring.
 
 It lives in ``rollouts`` because both sides need the same function: the reference rollout engine and the
 trainer's log-prob forward (``rl/selective/losses.py`` adds the training side: L_mem, budget search).
 
-Using it (one import registers the functions and teaches ``from_pretrained`` the config flag)::
+Using it (one call registers the functions and teaches ``from_pretrained`` the config flag)::
 
     import rollouts.selective.attention as sa
+    sa.register_selective_attention()                            # once per process; kernel="triton" on CUDA
     config = sa.enable_selective_attention(Qwen3Config(...))    # selective_attention: true
     model = Qwen3ForCausalLM(config)                             # config._attn_implementation == "heed_selective"
     model.save_pretrained(path)                                  # config.json keeps "selective_attention": true
     model = AutoModelForCausalLM.from_pretrained(path)           # Selective Attention again
 
-``from_pretrained`` of a checkpoint whose config says ``selective_attention: true`` picks this function
-once this module has been imported (it wraps ``PreTrainedModel.get_correct_attn_implementation``, the
-place every model asks which attention to use). Without the import the flag is ignored and the model
-runs standard attention -- so import it (``rl`` and the rollout engines do) before loading. Asking for
-any other implementation on such a checkpoint is an error, as is the flag on an unsupported
-architecture or with sliding-window layers.
+``from_pretrained`` of a checkpoint whose config says ``selective_attention: true`` picks this function once
+:func:`register_selective_attention` has run (it wraps ``PreTrainedModel.get_correct_attn_implementation``,
+the place every model asks which attention to use). Before that the flag is ignored and the model runs
+standard attention, so whatever builds or loads a Selective Attention model registers first: the training
+recipe, the reference engine, the budget search. Importing this module changes nothing in transformers, so a
+run without Selective Attention runs on transformers as it is. Asking for any other implementation on such a
+checkpoint is an error, as is the flag on an unsupported architecture or with sliding-window layers.
 
 Decoding with a KV cache needs ``F``'s per-key running sums from earlier steps, kept in one
 :class:`AttentionState` per generation: pass it to the forward,
@@ -42,8 +44,8 @@ forward records L_mem's peak memory, replays KV eviction under budgets, and repo
 Memory, per layer: ``S``, ``F`` and the bias are ``[b, q, kv]`` each (float32 for ``S``/``F``; ``S`` is
 kept for the backward); SDPA's CPU math path materialises the logits and probabilities ``[b, h, q, kv]``
 as eager attention does, while on GPUs the memory-efficient SDPA kernel takes the bias without the
-``[b, h, q, kv]`` logits. Replayed eviction adds a ``[b, n, n]`` bool keep mask per layer. With
-``HEED_SELECTIVE_KERNEL=triton`` a prefill on CUDA runs :mod:`rollouts.selective.kernel` instead, which never
+``[b, h, q, kv]`` logits. Replayed eviction adds a ``[b, n, n]`` bool keep mask per layer. Registered
+with ``kernel="triton"``, a prefill on CUDA runs :mod:`rollouts.selective.kernel` instead, which never
 materialises ``F`` (per-key column sums per query block), forward and backward
 (:class:`FusedSelectiveAttention`); L_mem's effective memory comes out of the kernel too. Forwards that
 need ``F`` itself (replayed budgets, attention reports) and decoding steps stay on the dense path.
@@ -53,7 +55,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -62,15 +64,9 @@ import torch.nn.functional as F_nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .constants import KERNELS, SELECTIVE, STANDARD, SUPPORTED_MODEL_TYPES
+from .constants import KERNEL_ENV, KERNELS, SELECTIVE, STANDARD, SUPPORTED_MODEL_TYPES
 from .eviction import evict_index, selective_keep_mask
 from .mask import MaskAccumulator, causal_visibility, effective_memory
-
-# Which Selective Attention kernel a prefill runs (rollouts.selective.KERNELS): "dense", or "triton" (CUDA
-# only; verified in Triton's interpreter on CPU). `heed train` sets it from selective.kernel.
-KERNEL = os.environ.get("HEED_SELECTIVE_KERNEL", "dense")
-if KERNEL not in KERNELS:
-    raise ValueError(f"HEED_SELECTIVE_KERNEL must be one of {', '.join(KERNELS)}, got {KERNEL!r}")
 
 
 @dataclass
@@ -83,16 +79,16 @@ class AttentionState:
     - ``accumulators``: per layer, the running per-key sums of ``S`` (the next query's ``F`` row); needed
       to decode Selective Attention with a KV cache. A forward with an empty cache starts them afresh.
     - ``tau``: when set, record ``peak_memory[layer]`` ``[b]``, the peak effective memory ``max_i M_i``
-      (:func:`rollouts.selective.effective_memory`), for L_mem.
-    - ``budgets``: per-layer KV budgets. In a full forward (no cache) they are replayed: each query sees
-      only the keys :func:`rollouts.selective.eviction.selective_keep_mask` says its layer still holds, as a decoding
-      loop with eviction would. ``padding_mask`` ``[b, n]`` (True = real token) tells it which tokens enter
-      the cache; without it a token is real when it may attend to itself (true of transformers' padding
+      (:func:`rollouts.selective.mask.effective_memory`), for L_mem.
+    - ``budgets``: per-layer KV budgets. In a full forward (no cache) they are replayed: each query sees only
+      the keys :func:`rollouts.selective.eviction.selective_keep_mask` says its layer still holds, as a
+      decoding loop with eviction would. ``padding_mask`` ``[b, n]`` (True = real token) tells it which tokens
+      enter the cache; without it a token is real when it may attend to itself (true of transformers' padding
       masks). Decoding over a KV cache (one token per forward) continues from there: ``held[layer]``
       ``[b, kv]`` is what the layer holds, and each arriving token first evicts the held token with the
-      largest ``F`` once the layer holds ``K_l`` -- eviction as masking over a cache that keeps every key
-      (the paged-engine form; :mod:`rollouts.selective.decode` is the compacting form). Both forms take
-      the same decisions, by the same :func:`rollouts.selective.eviction.evict_index`.
+      largest ``F`` once the layer holds ``K_l`` -- eviction as masking over a cache that keeps every key (the
+      paged-engine form; :mod:`rollouts.selective.decode` is the compacting form). Both forms take the same
+      decisions, by the same :func:`rollouts.selective.eviction.evict_index`.
     - ``record_attention``: record ``attention[layer]`` ``[b, q, kv]``, the softmax probabilities averaged
       over heads (the H2O / TOVA eviction scores).
     - ``kv_reads[layer]`` ``[b, q]``: the keys each query read, always recorded.
@@ -243,13 +239,13 @@ class FusedSelectiveAttention(torch.autograd.Function):
         return *grads, None, None, None
 
 
-def _use_kernel(query, attention_mask, dropout, state: AttentionState | None) -> bool:
-    """Whether this prefill runs on the fused kernel (``HEED_SELECTIVE_KERNEL=triton``, see :data:`KERNEL`).
+def _use_kernel(kernel: str, query, attention_mask, dropout, state: AttentionState | None) -> bool:
+    """Whether this prefill runs on the fused kernel (``kernel="triton"``).
 
     Only a forward over a fresh sequence on CUDA (or Triton's interpreter) with a bool mask (or none) and
     without dropout, replayed budgets or attention reporting: those need ``F`` or a float bias.
     """
-    if KERNEL != "triton" or dropout or (attention_mask is not None and attention_mask.dtype != torch.bool):
+    if kernel != "triton" or dropout or (attention_mask is not None and attention_mask.dtype != torch.bool):
         return False
     from . import kernel
 
@@ -258,11 +254,13 @@ def _use_kernel(query, attention_mask, dropout, state: AttentionState | None) ->
     return state is None or (state.budgets is None and not state.record_attention)
 
 
-def _attention(module, query, key, value, attention_mask, scaling, dropout, heed_state, selective):
+def _attention(
+    module, query, key, value, attention_mask, scaling, dropout, heed_state, selective, kernel="dense"
+):
     q_len, kv_len = query.shape[2], key.shape[2]
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     state = heed_state if heed_state is not None else getattr(module, "heed_state", None)
-    if selective and q_len == kv_len and _use_kernel(query, attention_mask, dropout, state):
+    if selective and q_len == kv_len and _use_kernel(kernel, query, attention_mask, dropout, state):
         tau = state.tau if state is not None else None
         mask = None if attention_mask is None else _mask_view(attention_mask, kv_len)  # no copy per layer
         out, total, memory = FusedSelectiveAttention.apply(query, key, value, mask, scaling, tau)
@@ -300,10 +298,16 @@ def selective_attention_forward(
     scaling: float | None = None,
     dropout: float = 0.0,
     heed_state: AttentionState | None = None,
+    kernel: str = "dense",
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """``softmax(Q K^T * scaling - F + mask) V`` with ``F`` from head 0; returns ``([b, q, h, d], None)``."""
-    return _attention(module, query, key, value, attention_mask, scaling, dropout, heed_state, selective=True)
+    """``softmax(Q K^T * scaling - F + mask) V`` with ``F`` from head 0; returns ``([b, q, h, d], None)``.
+
+    ``kernel`` (one of :data:`~rollouts.selective.constants.KERNELS`): how a prefill runs, see
+    :func:`register_selective_attention`."""
+    return _attention(
+        module, query, key, value, attention_mask, scaling, dropout, heed_state, selective=True, kernel=kernel
+    )
 
 
 def standard_attention_forward(
@@ -386,10 +390,36 @@ def _selective_aware(get_correct_attn_implementation):
     return resolve
 
 
-def register() -> None:
-    """Register :data:`SELECTIVE` and :data:`STANDARD` (attention and mask functions) and the config-flag
-    hook; idempotent."""
-    for name, function in ((SELECTIVE, selective_attention_forward), (STANDARD, standard_attention_forward)):
+def check_kernel(kernel: str, name: str = "kernel") -> str:
+    """``kernel`` if it is one of :data:`~rollouts.selective.constants.KERNELS`, else ``ValueError``."""
+    if kernel not in KERNELS:
+        raise ValueError(f"{name} must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    return kernel
+
+
+def kernel_from_env() -> str:
+    """The kernel a process the trainer started was told to run (``HEED_SELECTIVE_KERNEL``; dense when
+    unset): how the rollout engines in their own processes learn the run's ``selective.kernel``."""
+    return check_kernel(os.environ.get(KERNEL_ENV, "dense"), KERNEL_ENV)
+
+
+# One function per kernel, so registering the same kernel again registers the very same object.
+_SELECTIVE_FORWARDS: dict[str, Callable] = {
+    kernel: functools.partial(selective_attention_forward, kernel=kernel) for kernel in KERNELS
+}
+
+
+def register_selective_attention(kernel: str = "dense") -> None:
+    """Teach transformers Selective Attention; call it before building or loading a Selective Attention model.
+
+    Registers :data:`SELECTIVE` (its prefills on ``kernel``: ``"dense"``, or ``"triton"``, the fused
+    kernels, CUDA only) and :data:`STANDARD` with transformers' attention and mask registries, and makes a
+    config with ``selective_attention: true`` resolve to :data:`SELECTIVE`. Idempotent; the registry is
+    process-wide, so a second call with another kernel switches every Selective Attention model of the
+    process to it.
+    """
+    forward = _SELECTIVE_FORWARDS[check_kernel(kernel)]
+    for name, function in ((SELECTIVE, forward), (STANDARD, standard_attention_forward)):
         AttentionInterface.register(name, function)
         AttentionMaskInterface.register(name, sdpa_mask)  # 4D bool masks, or None for plain causal
     if not getattr(PreTrainedModel.get_correct_attn_implementation, "heed_selective", False):
@@ -398,4 +428,7 @@ def register() -> None:
         )
 
 
-register()
+def registered_kernel() -> str | None:
+    """The kernel :data:`SELECTIVE` runs in this process (``None`` before registration)."""
+    forward = AttentionInterface().get(SELECTIVE)
+    return next((kernel for kernel, f in _SELECTIVE_FORWARDS.items() if f is forward), None)

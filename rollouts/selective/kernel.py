@@ -6,7 +6,7 @@ blocks ``I`` (``BLOCK_M`` rows each) of a sequence:
 
 1. **Column sums.** For every query block, the column sums of ``S`` over its rows: ``P`` ``[b, nI, n]``.
    Their exclusive prefix over blocks, ``C[I] = sum_{J < I} P[J]``, is ``F`` at the first row of block
-   ``I``, because ``F[i, k] = sum_{j < i} S[j, k]`` (:func:`rollouts.selective.accumulated_mask`).
+   ``I``, because ``F[i, k] = sum_{j < i} S[j, k]`` (:func:`rollouts.selective.mask.accumulated_mask`).
 2. **Attention.** Flash attention's online softmax over key blocks, one program per (query block, head).
    Each key tile recomputes head 0's ``S`` tile and completes ``F`` inside the block::
 
@@ -14,8 +14,8 @@ blocks ``I`` (``BLOCK_M`` rows each) of a sequence:
 
    Head 0's programs also sum L_mem's effective memory ``M_i = sum_k (1 - min(F_ik, tau) / tau)``.
 
-``S`` follows :func:`rollouts.selective.selection_matrix`: ReLU of head 0's logits where the query sees the
-key (causal, and the attention mask when given), zero on the diagonal and in each row's <BOS> column (its
+``S`` follows :func:`rollouts.selective.mask.selection_matrix`: ReLU of head 0's logits where the query sees
+the key (causal, and the attention mask when given), zero on the diagonal and in each row's <BOS> column (its
 first visible key). The running total ``sum_j S[j, k]`` over every row -- the accumulator a decoding loop
 continues from -- falls out of pass 1.
 
@@ -84,7 +84,7 @@ if triton is not None:
     @triton.jit
     def _selection_tile(q0, k0, vis, rows, cols, bos, scale, IEEE: tl.constexpr):
         """Head 0's ``S`` tile ``[BLOCK_M, BLOCK_N]`` (float32) from its query and key tiles (what
-        :func:`rollouts.selective.selection_matrix` computes for the tile)."""
+        :func:`rollouts.selective.mask.selection_matrix` computes for the tile)."""
         logits = _mm(q0, tl.trans(k0), IEEE) * scale
         select = vis & (cols[None, :] != bos[:, None]) & (cols[None, :] != rows[:, None])
         return tl.where(select, tl.maximum(logits, 0.0), 0.0)
@@ -335,8 +335,8 @@ def selective_forward(
     over one prefill.
 
     ``total[b, k]`` is ``sum_i S[i, k]`` over every query, the running sum a decoding loop continues from
-    (:class:`rollouts.selective.MaskAccumulator`'s ``total``). With ``tau``, ``memory`` is L_mem's
-    effective memory per query, :func:`rollouts.selective.effective_memory` of ``F``. ``lse`` is each
+    (:class:`rollouts.selective.mask.MaskAccumulator`'s ``total``). With ``tau``, ``memory`` is L_mem's
+    effective memory per query, :func:`rollouts.selective.mask.effective_memory` of ``F``. ``lse`` is each
     row's log-sum-exp, for :func:`selective_backward`. Queries and keys are the same ``n`` positions (a
     forward without a KV cache). A query row that sees no key returns zeros.
     """

@@ -376,19 +376,18 @@ def test_selective_attention_settings_are_checked(overrides, message):
         load_run_config(None, overrides)
 
 
-def test_the_fused_kernel_is_refused_without_cuda(monkeypatch):
+def test_the_fused_kernel_is_refused_without_cuda(monkeypatch, selective_attention):
     import rollouts.selective.attention as sa
     from rl.train import TrainRecipe
 
     config = load_run_config(REPO / "configs" / "tiny-selective.yaml", ["selective.kernel=triton"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(sa, "KERNEL", "dense")
     with pytest.raises(ValueError, match=r"selective\.kernel: triton runs on CUDA only"):
         TrainRecipe(config)._select_kernel()
-    assert sa.KERNEL == "dense"
+    assert sa.registered_kernel() == "dense"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     TrainRecipe(config)._select_kernel()
-    assert sa.KERNEL == "triton"
+    assert sa.registered_kernel() == "triton"
 
 
 def test_selective_config_runs_its_rollouts_on_vllm():

@@ -95,7 +95,7 @@ def test_flex_attention_block_mask_matches_sdpa(model, rows):
     assert torch.allclose(sdpa, flex, atol=1e-5)
 
 
-def test_selective_logprobs_replay_the_engines_evictions(small_model, tokenizer, rows):
+def test_selective_logprobs_replay_the_engines_evictions(small_model, tokenizer, rows, selective_attention):
     """A Selective Attention policy under KV budgets: the trainer's one padded forward, with the budgets
     replayed over each row's real tokens, gives the log-probs the reference engine decoded with eviction."""
     import copy

@@ -86,7 +86,7 @@ def test_sft_raises_gold_likelihood_under_the_mask(tokenizer, token_table, tmp_p
     assert after > before + 1.0, f"mean gold log-prob per token {before:.2f} -> {after:.2f}"
 
 
-def test_selective_model_sft_adds_the_memory_loss(tokenizer):
+def test_selective_model_sft_adds_the_memory_loss(tokenizer, selective_attention):
     """A Selective Attention model's SFT loss is the DA-masked LM loss plus L_mem over the real tokens."""
     from rl.selective.losses import forward_with_memory_loss
     from rl.sft import MemoryLossTrainer
@@ -116,7 +116,7 @@ def test_selective_model_sft_adds_the_memory_loss(tokenizer):
     assert loss.item() == pytest.approx(lm.item() + l_mem.item(), rel=1e-6)
 
 
-def test_completion_loss_under_budgets(tokenizer):
+def test_completion_loss_under_budgets(tokenizer, selective_attention):
     """The budget search's objective for a DA policy: with budgets the rows never reach it is the plain
     DA-masked SFT loss (an independent path: no eviction state at all); tight budgets change it."""
     from rl.selective.losses import completion_loss_under_budgets

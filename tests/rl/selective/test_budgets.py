@@ -10,6 +10,8 @@ from rollouts.selective.eviction import load_budgets, save_budgets
 
 from ...rollouts.selective.test_attention import VOCAB, standard_twin, tiny_model
 
+pytestmark = pytest.mark.usefixtures("selective_attention")
+
 
 def test_greedy_budget_search_by_hand():
     # loss(K) = 1 + 0.01 * (24 - K0) + 0.03 * (24 - K1), context 24, step 8, target 1.2:

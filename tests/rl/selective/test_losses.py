@@ -12,6 +12,8 @@ from rollouts.selective.attention import SELECTIVE
 from ...rollouts.selective.test_attention import VOCAB, standard_twin, tiny_model
 from ...rollouts.selective.test_mask import reference_mask
 
+pytestmark = pytest.mark.usefixtures("selective_attention")
+
 
 @contextlib.contextmanager
 def recorded_head0():

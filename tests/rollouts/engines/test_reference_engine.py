@@ -87,7 +87,9 @@ def test_falls_back_with_a_warning_where_vllm_is_absent(tiny_model_dir, monkeypa
     assert "vLLM is not installed" in caplog.text
 
 
-def test_selective_model_decodes_what_one_replayed_forward_computes(tiny_model_dir, tokenizer, acme):
+def test_selective_model_decodes_what_one_replayed_forward_computes(
+    tiny_model_dir, tokenizer, acme, selective_attention
+):
     """A Selective Attention checkpoint with per-layer budgets: the engine (prefill replay, then eviction
     as masking, token by token, DA mask on top) against one dense forward over prompt + completion with
     the DA mask and the budgets replayed -- the trainer's path. Log-probs and per-layer reads agree."""

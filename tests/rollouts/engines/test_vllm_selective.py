@@ -21,7 +21,9 @@ MODES = ("da", "da-nm", "vanilla")
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, tokenizer):
     """The same random weights (seed 0) saved three ways: SA with budgets, SA without, standard."""
-    import rollouts.selective.attention  # noqa: F401  (registers the attention function)
+    from rollouts.selective.attention import register_selective_attention
+
+    register_selective_attention()
 
     root = tmp_path_factory.mktemp("sa_vllm")
     return {

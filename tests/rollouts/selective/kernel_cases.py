@@ -1,5 +1,5 @@
 """The fused Triton Selective Attention forward (rollouts/selective/kernel.py) in Triton's interpreter on CPU:
-against the loop reference, its running sums, and inside tiny models (HEED_SELECTIVE_KERNEL=triton) against
+against the loop reference, its running sums, and inside tiny models (kernel="triton") against
 the dense path -- forward, backward, padding, decoding after a fused prefill.
 
 Triton's interpreter must be on before Triton is first imported (its own reductions are jit functions), so
@@ -18,6 +18,8 @@ import rollouts.selective.attention as sa
 from .test_attention import VOCAB, reference_attention, tiny_model
 from .test_mask import reference_mask
 
+pytestmark = pytest.mark.usefixtures("selective_attention")
+
 
 @pytest.fixture
 def kernel():
@@ -27,8 +29,8 @@ def kernel():
 
 
 @pytest.fixture
-def use_kernel(kernel, monkeypatch):
-    monkeypatch.setattr(sa, "KERNEL", "triton")
+def use_kernel(kernel):
+    sa.register_selective_attention(kernel="triton")  # the selective_attention fixture switches it back
     return kernel
 
 
@@ -147,7 +149,7 @@ def test_model_forward_and_backward_match_the_dense_path(use_kernel, monkeypatch
         return logits.detach()[real], [p.grad.clone() for p in model.parameters()]
 
     fused_logits, fused_grads = run()
-    monkeypatch.setattr(sa, "KERNEL", "dense")
+    sa.register_selective_attention(kernel="dense")
     dense_logits, dense_grads = run()
     torch.testing.assert_close(fused_logits, dense_logits, atol=1e-5, rtol=1e-5)
     for fused, dense in zip(fused_grads, dense_grads):
@@ -202,7 +204,7 @@ def test_memory_loss_and_its_gradients_match_the_dense_path(use_kernel, monkeypa
         return l_mem.detach(), memory_grads, grads()
 
     fused = run()
-    monkeypatch.setattr(sa, "KERNEL", "dense")
+    sa.register_selective_attention(kernel="dense")
     dense = run()
     torch.testing.assert_close(fused[0], dense[0], atol=1e-6, rtol=1e-5)
     assert dense[0] > 0

@@ -29,6 +29,8 @@ from rollouts.selective.attention import (
 
 from .test_mask import reference_mask
 
+pytestmark = pytest.mark.usefixtures("selective_attention")
+
 ARCHS = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 VOCAB = 64
 

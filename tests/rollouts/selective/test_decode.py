@@ -10,6 +10,8 @@ from rollouts.selective.eviction import H2OEviction, SelectiveEviction, TOVAEvic
 
 from .test_attention import VOCAB, standard_twin, tiny_model
 
+pytestmark = pytest.mark.usefixtures("selective_attention")
+
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_compact_cache_equals_replayed_eviction(arch):

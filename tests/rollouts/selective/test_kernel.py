@@ -30,6 +30,7 @@ def test_kernel_cases_in_the_interpreter():
 
 
 def test_unknown_kernel_is_an_error():
-    result = _run(["-c", "import rollouts.selective.attention"], HEED_SELECTIVE_KERNEL="cuda-graphs")
+    code = "from rollouts.selective.attention import kernel_from_env; kernel_from_env()"
+    result = _run(["-c", code], HEED_SELECTIVE_KERNEL="cuda-graphs")
     assert result.returncode != 0
     assert "HEED_SELECTIVE_KERNEL must be one of dense, triton" in result.stderr
