@@ -365,7 +365,7 @@ class SFTSection(Section):
     copy_warmup_steps: int = 0
     copy_warmup_segment: int = 24  # tokens per segment (a row holds five); also the copy rows' below
     copy_warmup_target: float = 0.95  # held-out copy accuracy that ends the warm-up, in (0, 1]
-    # Copy rows in the SFT mix (rl/copy_warmup.py): from step copy_mix_from_step on, each SFT step also
+    # Copy rows in the SFT mix (rl/copy_rows.py): from step copy_mix_from_step on, each SFT step also
     # trains on this many copy rows (0: none). A tiny model learns which chunk to focus from the gold
     # traces first; the copy rows then teach it to copy the value it finds there (from a step past
     # sft.max_steps: never, which a shortened run may want).

@@ -13,7 +13,7 @@ collator that builds the masked batch; the model computes the shifted cross-entr
 A Selective Attention model (``selective_attention: true``) adds the memory loss ``L_mem`` with weight
 ``memory_eps`` (:class:`MemoryLossTrainer`; logged as ``memory_loss``), which rewards masking context.
 ``copy_rows`` adds, from step ``copy_from_step`` on, the loss of that many copy rows per step
-(:func:`rl.copy_warmup.with_copy_rows`; logged as ``copy_loss``): a model trained from scratch learns to
+(:func:`rl.copy_rows.with_copy_rows`; logged as ``copy_loss``): a model trained from scratch learns to
 pick the evidence chunk from gold traces, but copying the value needs denser targets than they hold.
 """
 
@@ -27,12 +27,11 @@ from transformers import Trainer
 
 from data.prompts import gold_completion, layout_example
 from rl.console import interactive, quiet_trainer
+from rl.copy_rows import IGNORE_INDEX, ValueCopyRows, with_copy_rows
 from rl.logprobs import pack
 from rl.selective.losses import forward_with_memory_loss
 from rollouts.masks import trace_completion
 from rollouts.protocol import PromptLayout, token_bytes_table
-
-IGNORE_INDEX = -100
 
 
 def encode_sft_row(example: Mapping, tokenizer, **layout) -> dict:
@@ -121,7 +120,7 @@ class SFTConfig:
     )
     memory_eps: float = 0.0  # Selective Attention models: weight of L_mem in the loss (paper: 0.1); 0: off
     memory_tau: float = 1.0  # L_mem's tau
-    copy_rows: int = 0  # rl.copy_warmup.ValueCopyRows rows added to each step's loss (0: none)
+    copy_rows: int = 0  # rl.copy_rows.ValueCopyRows rows added to each step's loss (0: none)
     copy_from_step: int = 0  # the first step that adds them
     copy_segment: int = 24  # tokens per segment of a copy row
 
@@ -180,8 +179,6 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
     collator = DACollator(tokenizer, model.config._attn_implementation or "sdpa", padding_mask=memory)
     trainer_cls, extra = (MemoryLossTrainer, {"memory": config}) if memory else (Trainer, {})
     if config.copy_rows:
-        from rl.copy_warmup import ValueCopyRows, with_copy_rows
-
         size = config.copy_rows * max(config.max_steps - config.copy_from_step, 1)
         rows = ValueCopyRows.for_tokenizer(
             tokenizer, segment=config.copy_segment, size=size, seed=config.seed

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rl.copy_warmup import COPY_CUES, ValueCopyRows, copy_accuracy, ordinary_token_ids, train_copy_warmup
+from rl.copy_rows import COPY_CUES, ValueCopyRows, copy_accuracy, ordinary_token_ids
+from rl.copy_warmup import train_copy_warmup
 from rl.model import build_tiny_model
 from rl.sft import IGNORE_INDEX, SFTConfig
 
