@@ -10,9 +10,11 @@
     eval:       which modes are evaluated, when    logging: wandb      export: the served checkpoint
     cluster:    trainer ranks and their resources on a Ray cluster (`heed launch`)
 
-Every key is documented where it is defined (``rl/config_sections.py``, the ``rollout`` keys in
-``rollouts/pool/settings.py``; the comment after each field) and checked before anything starts; an
-error names the key by its dotted path and, for a typo, the near miss::
+Every key is documented where it is defined, the comment after each field: ``rl/config_sections.py`` (run,
+model, tokenizer, data, curriculum, eval, logging, export), ``rl/config_training.py`` (sft, grpo,
+selective), ``rl/config_cluster.py`` (cluster; rollout, whose keys are ``rollouts/pool/settings.py``'s),
+``rewards/config.py`` (rewards). Every key is checked before anything starts; an error names the key by
+its dotted path and, for a typo, the near miss::
 
     heed: error: configs/tiny.yaml: unknown key 'grpo.num_generation' (did you mean 'num_generations'?)
 
@@ -34,28 +36,20 @@ import yaml
 
 from data.config import read_yaml
 from rewards.config import RewardConfig
+from rl.config_cluster import ClusterSection, RolloutSection
 from rl.config_sections import (
-    REPO_ROOT,
-    SHARE_ROOT,
-    ClusterSection,
-    ConfigError,
     ContextStage,
     CurriculumSection,
     DataSection,
     EvalSection,
     ExportSection,
-    GRPOSection,
     LoggingSection,
     ModelSection,
-    RolloutSection,
     RunSection,
-    Section,
-    SelectiveSection,
-    SFTSection,
     TokenizerSection,
-    check,
-    from_mapping,
 )
+from rl.config_training import GRPOSection, SelectiveSection, SFTSection
+from rl.config_validation import REPO_ROOT, SHARE_ROOT, ConfigError, Section, check, from_mapping
 
 SECRET_FIELDS = frozenset({"logging.wandb_api_key"})  # dropped by to_dict(redact=True) and save_run_config
 DEFAULT_CONFIG = Path("configs") / "tiny.yaml"  # the embedded default, relative to the repo or share dir
