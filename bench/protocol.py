@@ -147,7 +147,7 @@ def heed_advance(layout, table, ids) -> float:
 
 def heed_parse(layout, table, ids) -> float:
     text = TokenTextStream(table)
-    feed = ProtocolParser(layout.num_chunks, thinking=layout.thinking).feed
+    feed = ProtocolParser(layout.num_chunks, thinking=layout.thinking, has_index=layout.has_index).feed
     t0 = time.perf_counter()
     for token_id in ids:
         piece = text(token_id)

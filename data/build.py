@@ -116,6 +116,7 @@ def _draw(config, task: Task, target, split, index, count, seen: dict[str, str],
                 target_tokens=target,
                 rng=rng,
                 trace_style=config.trace_style,
+                trace_navigation=config.trace_navigation,
             )
     raise DataError(
         f"task {task.name}: could not draw a new example after {MAX_ATTEMPTS} attempts at {split} index "

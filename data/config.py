@@ -18,7 +18,7 @@ import yaml
 from .importers import IMPORTERS
 from .schema import METRICS, DataError
 from .tasks import make_task
-from .traces import TRACE_STYLES
+from .traces import NAVIGATIONS, TRACE_STYLES
 
 SPLITS = ("train", "validation", "test")
 OOD_SPLIT = "ood"
@@ -60,6 +60,9 @@ class DataConfig:
     # models) or "terse" (the plan names the chunks, the focus copies the value, the answer repeats it;
     # for a model trained from scratch).
     trace_style: str = "verbose"
+    # Where gold traces plan (data/traces.py): "global" (the whole context) or "index" (the prompt's index
+    # of the chunks; for runs that lay prompts out with an index, run.index_entry_tokens > 0).
+    trace_navigation: str = "global"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -111,6 +114,7 @@ def parse_config(raw: dict) -> DataConfig:
         isinstance(config.ood_examples, int) and config.ood_examples >= 0, "ood_examples", "must be >= 0"
     )
     _require(config.trace_style in TRACE_STYLES, "trace_style", f"must be one of {TRACE_STYLES}")
+    _require(config.trace_navigation in NAVIGATIONS, "trace_navigation", f"must be one of {NAVIGATIONS}")
 
     tasks = values.get("tasks", [])
     _require(isinstance(tasks, list), "tasks", "must be a list of {name, params, lengths}")

@@ -24,6 +24,15 @@ document, the focus and the answer::
     <focus magic_chunks="5"> 63</focus>
     <answer> 63</answer>
 
+Two navigations (``NAVIGATIONS``, the data config's ``trace_navigation``): ``global`` plans in
+``<global>`` (above), ``index`` plans in ``<index>`` (protocol v3: the prompt's index of the chunks, not
+the chunks themselves), for prompts laid out with an index. Aggregation still surveys in ``<global>``:
+counting needs every chunk, which no index summarizes::
+
+    <index>Chunk 5.</index>
+    <focus magic_chunks="5"> 63</focus>
+    <answer> 63</answer>
+
 Plans never copy the question's key (the tiny model could not learn to copy a rare key into
 ``<global>``); they name the chunks. Reads that depend on each other (a variable chain) are
 *chained*: the model returns to global between them to find the next hop. Independent reads are
@@ -78,6 +87,7 @@ _THINK_CHECK = ("Let me check: ", "Working it out: ", "", "Now I combine what I 
 
 
 TRACE_STYLES = ("verbose", "terse")
+NAVIGATIONS = ("global", "index")
 
 
 @dataclass(frozen=True)
@@ -116,12 +126,18 @@ def _focus(read: Read) -> str:
     return f'<focus magic_chunks="{",".join(map(str, read.chunks))}">{read.quote}</focus>'
 
 
-def render_trace(plan: TracePlan, rng: random.Random, thinking: bool, style: str = "verbose") -> str:
-    """One gold completion for ``plan`` in ``style``; the wording is drawn from ``rng``."""
+def render_trace(
+    plan: TracePlan, rng: random.Random, thinking: bool, style: str = "verbose", navigation: str = "global"
+) -> str:
+    """One gold completion for ``plan`` in ``style``, planning in the ``navigation`` mode; the wording
+    is drawn from ``rng``."""
     if style not in TRACE_STYLES:
         raise ValueError(f"trace style must be one of {TRACE_STYLES}, got {style!r}")
+    if navigation not in NAVIGATIONS:
+        raise ValueError(f"trace navigation must be one of {NAVIGATIONS}, got {navigation!r}")
     if style == "terse":
-        return _render_terse(plan, thinking)
+        return _render_terse(plan, thinking, navigation)
+    nav = navigation
     answer = f"<answer>{plan.answer}</answer>"
     if plan.minimal:
         return f"<think>\n{plan.combine}\n</think>\n{answer}" if thinking else answer
@@ -132,10 +148,10 @@ def render_trace(plan: TracePlan, rng: random.Random, thinking: bool, style: str
         segments.append(f"<global>{lead}{opener} {rng.choice(_SURVEY)} {plan.survey}</global>")
     elif plan.chained:
         where = rng.choice(_CHAIN_START).format(c=_chunk_list(plan.reads[0].chunks))
-        segments.append(f"<global>{lead}{opener} {where}</global>")
+        segments.append(f"<{nav}>{lead}{opener} {where}</{nav}>")
         for i, read in enumerate(plan.reads):
             if i:
-                segments.append(f"<global>{rng.choice(_NEXT).format(c=_chunk_list(read.chunks))}</global>")
+                segments.append(f"<{nav}>{rng.choice(_NEXT).format(c=_chunk_list(read.chunks))}</{nav}>")
             segments.append(_focus(read))
     else:
         chunks = sorted({c for r in plan.reads for c in r.chunks})
@@ -143,7 +159,7 @@ def render_trace(plan: TracePlan, rng: random.Random, thinking: bool, style: str
             where = rng.choice(_WHERE_ONE).format(c=chunks[0])
         else:
             where = rng.choice(_WHERE_MANY).format(cs=_chunk_list(chunks))
-        segments.append(f"<global>{lead}{opener} {where}</global>")
+        segments.append(f"<{nav}>{lead}{opener} {where}</{nav}>")
         if len(plan.reads) > 1 and rng.random() < 0.5:
             segments.append(_focus(Read(tuple(chunks), " ".join(r.quote for r in plan.reads))))
         else:
@@ -155,7 +171,7 @@ def render_trace(plan: TracePlan, rng: random.Random, thinking: bool, style: str
     return f"<think>\n{body}\n</think>\n{answer}" if thinking else f"{body}\n{answer}"
 
 
-def _render_terse(plan: TracePlan, thinking: bool) -> str:
+def _render_terse(plan: TracePlan, thinking: bool, nav: str) -> str:
     answer = f"<answer> {plan.answer}</answer>"
     if plan.minimal:
         return f"<think>\n{plan.combine}\n</think>\n{answer}" if thinking else answer
@@ -164,11 +180,11 @@ def _render_terse(plan: TracePlan, thinking: bool) -> str:
         segments.append(f"<global>{plan.survey}</global>")
     elif plan.chained:
         for read in plan.reads:
-            segments.append(f"<global>{_terse_where(read.chunks)}</global>")
+            segments.append(f"<{nav}>{_terse_where(read.chunks)}</{nav}>")
             segments.append(_terse_focus(read))
     else:
         chunks = sorted({c for r in plan.reads for c in r.chunks})
-        segments.append(f"<global>{_terse_where(chunks)}</global>")
+        segments.append(f"<{nav}>{_terse_where(chunks)}</{nav}>")
         segments.extend(_terse_focus(r) for r in plan.reads)
     if plan.combine:
         segments.append(f"<local>{plan.combine}</local>")
@@ -185,6 +201,8 @@ def _terse_focus(read: Read) -> str:
     return f'<focus magic_chunks="{",".join(map(str, read.chunks))}"> {read.span}</focus>'
 
 
-def render_traces(plan: TracePlan, rng: random.Random, style: str = "verbose") -> tuple[str, str]:
-    """(non-thinking, thinking) gold completions in ``style``, worded independently."""
-    return render_trace(plan, rng, False, style), render_trace(plan, rng, True, style)
+def render_traces(
+    plan: TracePlan, rng: random.Random, style: str = "verbose", navigation: str = "global"
+) -> tuple[str, str]:
+    """(non-thinking, thinking) gold completions in ``style`` and ``navigation``, worded independently."""
+    return render_trace(plan, rng, False, style, navigation), render_trace(plan, rng, True, style, navigation)

@@ -27,7 +27,7 @@ Aggregated per (mode, task, context-length bin), over every completion (``n``: e
   Selective Attention eviction, in every mode, the mean over layers of what each layer held);
   ``kv_tokens_vanilla``: the same completions under causal attention; ``kv_saving = 1 - kv_tokens /
   kv_tokens_vanilla`` (0 by construction for ``da-nm`` and ``vanilla`` without eviction);
-- ``decode_steps``: mean generated tokens; ``mode_mix_global|focus|local``: share of generated tokens
+- ``decode_steps``: mean generated tokens; ``mode_mix_global|focus|local|index``: share of generated tokens
   by the mode they were predicted under (``records.predicted_modes``, the paper's Figure 5);
 - ``truncated`` / ``errors``: examples that hit ``max_tokens`` / that the engine failed.
 
@@ -82,6 +82,7 @@ class EvalRow:
     mode_mix_global: float | None  # share of generated tokens predicted under each mode
     mode_mix_focus: float | None
     mode_mix_local: float | None
+    mode_mix_index: float | None
     truncated: int = 0  # examples that stopped at max_tokens
     errors: int = 0  # examples the engine failed (scored 0)
 
@@ -162,7 +163,7 @@ class EvalReport:
             ("mode", "left"), ("task", "left"), ("context", "left"), ("n", "right"),
             ("accuracy", "right"), ("RULER acc.", "right"), ("compliance", "right"), ("coverage", "right"),
             ("KV saving", "right"), ("KV tokens", "right"), ("steps", "right"),
-            ("global / focus / local", "right"), ("trunc / err", "right"),
+            (" / ".join(MODES), "right"), ("trunc / err", "right"),
         ):  # fmt: skip
             table.add_column(name, justify=justify)
         for i, row in enumerate([*self.rows, *self.summaries]):
@@ -183,7 +184,7 @@ class EvalReport:
         from rich.table import Table
 
         table = Table(title=title, title_justify="left")
-        columns = ("mode", "n", "acc", "RULER", "compl.", "cover.", "KV saved", "steps", "g/f/l %")
+        columns = ("mode", "n", "acc", "RULER", "compl.", "cover.", "KV saved", "steps", "/".join(m[0] for m in MODES) + " %")
         for name in columns:
             table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
         for row in self.summaries:
@@ -222,6 +223,7 @@ class EvalReport:
             mode_mix_global=mix["global"] / generated if generated else None,
             mode_mix_focus=mix["focus"] / generated if generated else None,
             mode_mix_local=mix["local"] / generated if generated else None,
+            mode_mix_index=mix["index"] / generated if generated else None,
             truncated=sum(t.finish_reason == "length" for t in ts),
             errors=sum(t.finish_reason == "error" for t in ts),
         )

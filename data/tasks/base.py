@@ -69,6 +69,7 @@ def finalize(
     target_tokens: int,
     rng: random.Random,
     trace_style: str = "verbose",
+    trace_navigation: str = "global",
 ) -> Example:
     """Turn a draft into a validated ``Example`` with token counts and gold traces."""
     context_tokens = sum(count(draft.documents))
@@ -77,7 +78,7 @@ def finalize(
             f"{task}: generated {context_tokens} context tokens for target_tokens={target_tokens} "
             f"(outside ±{LENGTH_TOLERANCE:.0%}); this tokenizer may count text non-additively"
         )
-    gold, gold_thinking = render_traces(draft.plan, rng, trace_style)
+    gold, gold_thinking = render_traces(draft.plan, rng, trace_style, trace_navigation)
     example = Example(
         id=example_id,
         task=task,

@@ -26,8 +26,9 @@ MASKED = -1  # cell value of a block the step did not read
 
 @dataclass(frozen=True)
 class AttentionMap:
-    """``cells[j, b]``: ``MASKED``, or the owner of block ``b`` read at step ``j``: chunk id (0 =
-    scaffold) for prompt blocks, ``num_chunks + 1`` for generated blocks."""
+    """``cells[j, b]``: ``MASKED``, or the owner of block ``b`` read at step ``j``: its prompt region
+    (``PromptLayout.chunk_of_block``: 0 scaffold, chunk ids, ``num_chunks + 1`` the index) for prompt
+    blocks, ``num_chunks + 2`` for generated blocks."""
 
     cells: np.ndarray  # [steps, blocks] int32
     modes: list[str]  # [steps] the mode each step's token was predicted under
@@ -38,7 +39,7 @@ class AttentionMap:
 
     @property
     def generated_owner(self) -> int:
-        return self.num_chunks + 1
+        return self.num_chunks + 2
 
 
 def attention_map(record: dict) -> AttentionMap:
@@ -49,13 +50,14 @@ def attention_map(record: dict) -> AttentionMap:
         input_ids=(0,) * prompt_len,
         block_size=bs,
         chunk_spans=tuple((int(s), int(e)) for s, e in geometry["chunk_spans"]),
+        index_span=tuple(int(x) for x in geometry.get("index_span", ())),
     )
     states = [ModeState(s["mode"], tuple(s["chunks"])) for s in record["states"]]
     predicted = np.asarray(record["predicted_state"], dtype=np.int64)
     steps = len(predicted)
     last_position = prompt_len - 1 + max(steps - 1, 0)
     n_blocks = max(layout.num_blocks, last_position // bs + 1)
-    owner = np.full(n_blocks, layout.num_chunks + 1, dtype=np.int32)
+    owner = np.full(n_blocks, layout.num_chunks + 2, dtype=np.int32)
     owner[: layout.num_blocks] = layout.chunk_of_block
     # The prompt's last block may also hold generated tokens; it is a prompt block for masking.
     cells = np.full((steps, n_blocks), MASKED, dtype=np.int32)

@@ -19,9 +19,10 @@ from .records import MODES, bin_order
 from .run_dir import Run
 
 PAPER_GLOBAL_SHARE = 0.27  # the DA paper's zero-shot <global> share of generated tokens (§6.1)
-MODE_COLORS = {"global": "#d62728", "focus": "#1f77b4", "local": "#2ca02c"}
+MODE_COLORS = {"global": "#d62728", "focus": "#1f77b4", "local": "#2ca02c", "index": "#9467bd"}
 CHUNK_COLORS = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7e9c0")  # cycled over chunks
 MASKED_COLOR, SCAFFOLD_COLOR, GENERATED_COLOR = "#f0f0f0", "#636363", "#252525"
+INDEX_COLOR = "#9467bd"  # the index region (the index mode's color)
 
 
 def _layout(fig: go.Figure, title: str, y_title: str, **extra) -> go.Figure:
@@ -260,7 +261,7 @@ def attention_map_figure(amap: AttentionMap, title: str):
     with the predicted mode of every step as a strip above."""
     k = amap.num_chunks
     colors = [MASKED_COLOR, SCAFFOLD_COLOR] + [CHUNK_COLORS[c % len(CHUNK_COLORS)] for c in range(k)]
-    colors.append(GENERATED_COLOR)
+    colors += [INDEX_COLOR, GENERATED_COLOR]
     steps = list(range(amap.cells.shape[0]))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.07, 0.93], vertical_spacing=0.02)
     mode_index = [MODES.index(m) for m in amap.modes]
@@ -279,7 +280,7 @@ def attention_map_figure(amap: AttentionMap, title: str):
         1,
         1,
     )
-    owner_label = ["scaffold"] + [f"chunk {c}" for c in range(1, k + 1)] + ["generated"]
+    owner_label = ["scaffold"] + [f"chunk {c}" for c in range(1, k + 1)] + ["index", "generated"]
     fig.add_trace(
         go.Heatmap(
             z=(amap.cells.T - MASKED).tolist(),  # shift so masked = 0 for the discrete scale

@@ -19,10 +19,9 @@ import numpy as np
 
 from rewards import RewardBreakdown
 from rewards.efficiency import DecodeCost, KVReads, Roofline, decode_seconds, kv_bytes
-from rollouts.protocol import VIOLATION_KINDS
+from rollouts.protocol import MODES, VIOLATION_KINDS
 from rollouts.trajectory import Trajectory
 
-MODES = ("global", "focus", "local")
 # Context-length bins (upper edges in tokens) and their labels; the paper's longest bin is 64-256K.
 LENGTH_EDGES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 262144)
 LENGTH_LABELS = ("<=1K", "<=2K", "<=4K", "<=8K", "<=16K", "<=32K", "<=64K", "<=256K", ">256K")
@@ -71,6 +70,7 @@ def trajectory_record(trajectory: Trajectory, reward: RewardBreakdown, step: int
             "block_size": layout.block_size,
             "prompt_len": layout.prompt_len,
             "chunk_spans": [list(s) for s in layout.chunk_spans],
+            "index_span": list(layout.index_span),
         },
         "completion_text": t.completion_text,
         "num_tokens": len(t.completion_ids),

@@ -35,7 +35,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .completion { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 12px;
   border: 1px solid #ddd; padding: 8px; }
 .mode-global { background: #fbe3e3; } .mode-focus { background: #dde9f7; }
-.mode-local { background: #e0f3e0; }
+.mode-local { background: #e0f3e0; } .mode-index { background: #ece3f5; }
 """
 
 _DRAW = """

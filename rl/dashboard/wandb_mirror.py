@@ -34,7 +34,7 @@ EVAL_COLUMNS = (
     "kv_tokens_vanilla",
     "decode_steps",
 )
-MODE_BACKGROUND = {"global": "#fbe3e3", "focus": "#dde9f7", "local": "#e0f3e0"}
+MODE_BACKGROUND = {"global": "#fbe3e3", "focus": "#dde9f7", "local": "#e0f3e0", "index": "#ece3f5"}
 
 
 def merged_steps(run: Run) -> dict[int, dict[str, float]]:

@@ -5,8 +5,9 @@ block list per decoding step), the reference engine, the trainer's log-prob forw
 mask is built from :func:`state_visibility` and :class:`CompletionTrace`), the KV-read accounting and
 the dashboards.
 
-The rule, in one function (:func:`visible_chunks`): scaffold (chunk 0) and generated tokens are
-always visible; ``global`` shows every chunk, ``focus`` the listed ones, ``local`` none.
+The rule, in one function (:func:`visible_chunks`): scaffold (region 0) and generated tokens are
+always visible; ``global`` shows every chunk and the index, ``focus`` the listed chunks, ``local``
+nothing more, ``index`` the index region only (``PromptLayout.index_region``).
 
 Timing (docs/ARCHITECTURE.md, contract 3: tag timing): the forward of generated token ``g_j`` (at position
 ``prompt_len + j``) reads KV under the state reached after parsing ``g_0..g_j``; it predicts
@@ -28,28 +29,35 @@ from dataclasses import dataclass
 import numpy as np
 
 from rollouts.protocol.layout import PromptLayout
-from rollouts.protocol.parser import GLOBAL, GLOBAL_STATE, ModeState, ParsedCompletion, ProtocolParser
+from rollouts.protocol.parser import GLOBAL, GLOBAL_STATE, INDEX, ModeState, ParsedCompletion, ProtocolParser
 from rollouts.protocol.tokens import TokenTextStream
 
 
 def visible_chunks(state: ModeState, num_chunks: int) -> np.ndarray:
-    """``[num_chunks + 1]`` bool: entry ``c`` says whether chunk ``c`` is visible; entry 0 (scaffold
-    and generated tokens) is always True. *The* visibility rule."""
-    vis = np.zeros(num_chunks + 1, dtype=bool)
+    """``[num_chunks + 2]`` bool, one entry per prompt region (``PromptLayout.chunk_of_block``'s ids):
+    entry ``c`` in ``1..num_chunks`` says whether chunk ``c`` is visible, entry ``num_chunks + 1``
+    whether the index is; entry 0 (scaffold and generated tokens) is always True. *The* visibility rule.
+
+    >>> visible_chunks(ModeState("focus", (2,)), 3).tolist(), visible_chunks(ModeState("index"), 3).tolist()
+    ([True, False, True, False, False], [True, False, False, False, True])
+    """
+    vis = np.zeros(num_chunks + 2, dtype=bool)
     vis[0] = True
     if state.mode == GLOBAL:
         vis[:] = True
+    elif state.mode == INDEX:
+        vis[num_chunks + 1] = True
     else:
         vis[list(state.chunks)] = True  # empty for local
     return vis
 
 
 def state_visibility(states: Sequence[ModeState], num_chunks: int) -> np.ndarray:
-    """``[len(states), num_chunks + 1]`` bool, one :func:`visible_chunks` row per state."""
+    """``[len(states), num_chunks + 2]`` bool, one :func:`visible_chunks` row per state."""
     return (
         np.stack([visible_chunks(s, num_chunks) for s in states])
         if states
-        else np.ones((0, num_chunks + 1), bool)
+        else np.ones((0, num_chunks + 2), bool)
     )
 
 
@@ -91,7 +99,10 @@ class VisibilityTracker:
     def __init__(self, layout: PromptLayout, token_table: list[bytes]):
         self.layout = layout
         self.parser = ProtocolParser(
-            layout.num_chunks, thinking=layout.thinking, version=layout.protocol_version
+            layout.num_chunks,
+            thinking=layout.thinking,
+            version=layout.protocol_version,
+            has_index=layout.has_index,
         )
         self._text = TokenTextStream(token_table)
         self._chunk_of_block = layout.chunk_of_block

@@ -5,7 +5,9 @@ from .layout import LayoutError, PromptLayout, build_prompt
 from .neutralize import neutralize
 from .parser import (
     GLOBAL_STATE,
+    INDEX_STATE,
     LOCAL_STATE,
+    MODES,
     VIOLATION_KINDS,
     ModeState,
     ParsedCompletion,
@@ -13,12 +15,15 @@ from .parser import (
     Segment,
     Violation,
     parse_completion,
+    resting_state,
 )
 from .tokens import TokenTextStream, token_bytes_table
 
 __all__ = [
     "GLOBAL_STATE",
+    "INDEX_STATE",
     "LOCAL_STATE",
+    "MODES",
     "PROTOCOL_VERSION",
     "PROTOCOL_VERSIONS",
     "VIOLATION_KINDS",
@@ -33,6 +38,7 @@ __all__ = [
     "build_prompt",
     "neutralize",
     "parse_completion",
+    "resting_state",
     "system_instructions",
     "token_bytes_table",
 ]

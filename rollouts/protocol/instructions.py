@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-# The protocol version new layouts, exports and trajectories carry, and every version the parser reads.
-# v2 (rollouts/protocol/parser.py): text that starts a DA tag name but does not complete the tag
-# (`</focus junk`, `<answer x`) is a `malformed_tag` violation. v1: it is plain text, nothing else.
-# The instructions below are the same text for both: v2 changes only how broken tags are scored.
-PROTOCOL_VERSION = 2
-PROTOCOL_VERSIONS = (1, 2)
+# The protocol version new layouts, exports and trajectories carry, and every version the parser reads
+# (rollouts/protocol/parser.py has the rules):
+# v3: the `<index>` mode, and prompts with an index region, where closing tags return to `index`.
+# v2: text that starts a DA tag name but does not complete the tag (`</focus junk`) is a
+#     `malformed_tag` violation. v1: it is plain text, nothing else.
+# A prompt without an index reads the same under v2 and v3, except that `<index>` is a tag in v3.
+PROTOCOL_VERSION = 3
+PROTOCOL_VERSIONS = (1, 2, 3)
 
 _MODES = """\
 The context is delivered as numbered Magic Chunks, returned by the get_magic_chunk tool. You control \
@@ -32,9 +34,17 @@ thinking: plan in <global>, read in <focus>, reason in <local>; the <answer> com
 )
 
 
-def system_instructions(thinking: bool = False) -> str:
-    """The protocol instructions placed in the system message (always visible scaffold)."""
-    return _THINKING if thinking else _NON_THINKING
+_INDEX = """
+The prompt also holds an Index of the Magic Chunks: one short line per chunk naming what it holds.
+- <index>...</index>: only the Index is visible, no Magic Chunk. After you close any mode you are back \
+in this mode, so navigate here: find in the Index which chunks to read, then focus on them. Use \
+<global> only when the Index is not enough (for example to count over every chunk)."""
+
+
+def system_instructions(thinking: bool = False, index: bool = False) -> str:
+    """The protocol instructions placed in the system message (always visible scaffold); ``index``:
+    the prompt has an index (protocol v3)."""
+    return (_THINKING if thinking else _NON_THINKING) + (_INDEX if index else "")
 
 
 def chunk_header(chunk_id: int) -> str:

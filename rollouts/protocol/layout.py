@@ -13,6 +13,12 @@ with scaffold or with another chunk::
     | scaffold ... pad | chunk 1 text ... pad | scaffold ... pad | chunk 2 text ... pad | scaffold ...
                        ^ block boundary       ^                  ^                      ^
 
+With ``index_entry_tokens`` the prompt also holds an *index* (rollouts/protocol/index.py): one short entry
+per chunk in one block-aligned region after the chunks, which ``<index>`` mode reads instead of the
+chunks (protocol v3)::
+
+    ... | chunk N text ... pad | Index: Chunk 1: ... Chunk N: ... pad | scaffold (question) ...
+
 Untrusted text (question and documents) never passes through the template: the template is rendered
 with sentinels, and the untrusted pieces are neutralized and tokenized separately with
 ``split_special_tokens=True``, so documents can neither speak the protocol nor close a chat turn.
@@ -29,6 +35,7 @@ from functools import cached_property
 import numpy as np
 
 from .chunking import split_text
+from .index import index_entries
 from .instructions import (
     GET_MAGIC_CHUNK_TOOL,
     PROTOCOL_VERSION,
@@ -41,7 +48,8 @@ from .neutralize import neutralize
 logger = logging.getLogger(__name__)
 
 LAYOUT_STYLES = ("auto", "tool", "plain", "compact")
-_SENTINEL = re.compile("\ue000(Q|C)(\\d+)\ue001")
+_SENTINEL = re.compile("\ue000(Q|C|I)(\\d+)\ue001")
+INDEX_TITLE = "Index of the Magic Chunks:\n"  # the index region's first line (inside the region)
 
 
 class LayoutError(ValueError):
@@ -53,7 +61,8 @@ class PromptLayout:
     """A laid-out DA prompt: its token ids and where each magic chunk lives.
 
     ``chunk_spans[i]`` is the token span ``[start, end)`` of chunk ``i + 1`` (block aligned; it
-    includes the chunk's trailing padding). Every other prompt position is scaffold.
+    includes the chunk's trailing padding). ``index_span`` is the index region's span, ``()`` when the
+    prompt has no index. Every other prompt position is scaffold.
     ``protocol_version`` is the DA protocol version completions of this prompt are parsed with (the
     engines' visibility trackers read it; a v1 export is served with v1 layouts).
     """
@@ -65,6 +74,8 @@ class PromptLayout:
     style: str = field(default="tool", compare=False)  # descriptive: "tool" or "plain"
     chunk_texts: tuple[str, ...] = field(default=(), compare=False)
     protocol_version: int = PROTOCOL_VERSION
+    index_span: tuple[int, ...] = ()  # (start, end) of the index region, () for none
+    index_texts: tuple[str, ...] = field(default=(), compare=False)  # descriptive: the entries' text
 
     def __post_init__(self):
         self.validate()
@@ -78,15 +89,24 @@ class PromptLayout:
         return len(self.chunk_spans)
 
     @property
+    def has_index(self) -> bool:
+        return bool(self.index_span)
+
+    @property
+    def index_region(self) -> int:
+        """The region id of the index in ``chunk_of_block`` (after the chunks' ids ``1..num_chunks``)."""
+        return self.num_chunks + 1
+
+    @property
     def num_blocks(self) -> int:
         """Blocks the prompt touches (the last one may be partly filled by generated tokens)."""
         return -(-self.prompt_len // self.block_size)
 
     @property
     def scaffold_spans(self) -> list[tuple[int, int]]:
-        """Token spans that are always visible: everything that is not a chunk."""
+        """Token spans that are always visible: everything that is neither a chunk nor the index."""
         spans, cursor = [], 0
-        for start, end in self.chunk_spans:
+        for start, end in sorted([*self.chunk_spans, *([self.index_span] if self.index_span else [])]):
             if start > cursor:
                 spans.append((cursor, start))
             cursor = end
@@ -96,19 +116,24 @@ class PromptLayout:
 
     @cached_property
     def chunk_of_block(self) -> np.ndarray:
-        """``[num_blocks]`` int32: the chunk id (1-based) each prompt block belongs to, 0 for scaffold."""
+        """``[num_blocks]`` int32: the region each prompt block belongs to: the chunk id (1-based), 0 for
+        scaffold, ``index_region`` for the index."""
         out = np.zeros(self.num_blocks, dtype=np.int32)
         for chunk_id, (start, end) in enumerate(self.chunk_spans, start=1):
             out[start // self.block_size : end // self.block_size] = chunk_id
+        if self.index_span:
+            start, end = self.index_span
+            out[start // self.block_size : end // self.block_size] = self.index_region
         return out
 
     @cached_property
     def chunk_of_token(self) -> np.ndarray:
-        """``[prompt_len]`` int32: the chunk id of each prompt token, 0 for scaffold."""
+        """``[prompt_len]`` int32: the region of each prompt token (``chunk_of_block``'s ids)."""
         return np.repeat(self.chunk_of_block, self.block_size)[: self.prompt_len]
 
     def validate(self) -> None:
-        """Raise ``LayoutError`` unless spans are block aligned, ordered, disjoint and inside the prompt."""
+        """Raise ``LayoutError`` unless spans are block aligned, ordered, disjoint and inside the prompt
+        (the index after every chunk, and only from protocol version 3 on)."""
         version = self.protocol_version
         if type(version) is not int or version not in PROTOCOL_VERSIONS:
             raise LayoutError(
@@ -134,21 +159,39 @@ class PromptLayout:
                     f"chunk {i}: span [{start}, {end}) ends past the prompt ({self.prompt_len} tokens)"
                 )
             cursor = end
+        if self.index_span:
+            if version < 3:
+                raise LayoutError(f"an index needs DA protocol version 3 or later, got version {version}")
+            span = self.index_span
+            if len(span) != 2 or not all(isinstance(x, int) for x in span):
+                raise LayoutError(f"index: span must be two integers, got {span!r}")
+            start, end = span
+            if start % b or end % b:
+                raise LayoutError(f"index: span [{start}, {end}) is not aligned to block_size={b}")
+            if not cursor <= start < end <= self.prompt_len:
+                raise LayoutError(
+                    f"index: span [{start}, {end}) must be non-empty, after the last chunk (ends at {cursor}) "
+                    f"and inside the prompt ({self.prompt_len} tokens)"
+                )
 
     # -- travelling with a request (vLLM SamplingParams.extra_args must be msgpack-safe) ----------
 
     def to_wire(self) -> dict:
         """The minimal msgpack-safe form an engine needs; token ids travel as the prompt itself.
 
-        ``version`` is the protocol version the engine parses the completion with.
+        ``version`` is the protocol version the engine parses the completion with; ``index_span`` is
+        present only for a prompt with an index.
         """
-        return {
+        wire = {
             "version": self.protocol_version,
             "block_size": self.block_size,
             "prompt_len": self.prompt_len,
             "chunk_spans": [list(s) for s in self.chunk_spans],
             "thinking": self.thinking,
         }
+        if self.index_span:
+            wire["index_span"] = list(self.index_span)
+        return wire
 
     @classmethod
     def from_wire(cls, wire: dict, prompt_token_ids: Sequence[int]) -> PromptLayout:
@@ -171,12 +214,16 @@ class PromptLayout:
         spans = wire["chunk_spans"]
         if not isinstance(spans, list | tuple):
             raise LayoutError("DA layout chunk_spans must be a list of [start, end] pairs")
+        index_span = wire.get("index_span", ())
+        if not isinstance(index_span, list | tuple):
+            raise LayoutError("DA layout index_span must be a [start, end] pair")
         return cls(
             input_ids=tuple(prompt_token_ids),
             block_size=wire["block_size"],
             chunk_spans=tuple(tuple(s) if isinstance(s, list | tuple) else (s,) for s in spans),
             thinking=bool(wire.get("thinking", False)),
             protocol_version=version,
+            index_span=tuple(index_span),
         )
 
 
@@ -197,6 +244,7 @@ def build_prompt(
     pad_token_id: int | None = None,
     instructions: bool = True,
     protocol_version: int = PROTOCOL_VERSION,
+    index_entry_tokens: int = 0,
 ) -> PromptLayout:
     """Lay out a DA prompt.
 
@@ -217,23 +265,38 @@ def build_prompt(
         instructions: put the protocol instructions in the system message. A model that learns the
             protocol from SFT (the tiny default, trained from scratch) does not need them; a pretrained
             model following DA zero-shot does.
-        protocol_version: the DA protocol version completions are parsed with (``PROTOCOL_VERSIONS``;
-            the instructions are the same for every version).
+        protocol_version: the DA protocol version completions are parsed with (``PROTOCOL_VERSIONS``).
+        index_entry_tokens: lay out an index after the chunks, one entry of at most this many tokens per
+            chunk (rollouts/protocol/index.py); 0 for none. An index needs protocol version 3.
     """
     if style not in LAYOUT_STYLES:
         raise LayoutError(f"style must be one of {LAYOUT_STYLES}, got {style!r}")
     if block_size < 1:
         raise LayoutError(f"block_size must be >= 1, got {block_size}")
+    if not isinstance(index_entry_tokens, int) or index_entry_tokens < 0:
+        raise LayoutError(f"index_entry_tokens must be an integer >= 0, got {index_entry_tokens!r}")
+    if index_entry_tokens and protocol_version < 3:
+        raise LayoutError(f"an index needs DA protocol version 3 or later, got version {protocol_version}")
     chunks = _split_context(context, chunk_tokens, tokenizer)
     if not chunks:
         raise LayoutError("the context is empty: DA needs at least one magic chunk")
     chunks = [neutralize(c) for c in chunks]
+    entries: tuple[str, ...] = ()
+    if index_entry_tokens:
+        try:
+            entries = index_entries(
+                chunks, lambda t: len(_encode(tokenizer, t, trusted=False)), index_entry_tokens
+            )
+        except ValueError as err:
+            raise LayoutError(str(err)) from None
     parts = [system_prompt] if system_prompt is not None else []
-    system = "\n\n".join(parts + ([system_instructions(thinking)] if instructions else []))
+    system = "\n\n".join(parts + ([system_instructions(thinking, bool(entries))] if instructions else []))
 
     rendered = None
     if style in ("auto", "tool"):
-        rendered, why = _render_tool_dialogue(tokenizer, system, len(chunks), thinking, repeat_question)
+        rendered, why = _render_tool_dialogue(
+            tokenizer, system, len(chunks), thinking, repeat_question, bool(entries)
+        )
         if rendered is None:
             if style == "tool":
                 raise LayoutError(
@@ -244,16 +307,31 @@ def build_prompt(
             )
     used_style = "tool" if rendered is not None else ("compact" if style == "compact" else "plain")
     if rendered is None:
-        rendered = _render_plain(tokenizer, system, len(chunks), repeat_question, compact=style == "compact")
+        rendered = _render_plain(
+            tokenizer, system, len(chunks), repeat_question, compact=style == "compact", index=bool(entries)
+        )
 
     pad = _pad_token(tokenizer) if pad_token_id is None else pad_token_id
     ids: list[int] = []
     spans: list[tuple[int, int]] = []
+    index_span: tuple[int, ...] = ()
     for kind, payload in _pieces(rendered, len(chunks)):
         if kind == "template":
             ids += _encode(tokenizer, payload, trusted=True)
         elif kind == "question":
             ids += _encode(tokenizer, neutralize(question), trusted=False)
+        elif kind == "index":
+            ids += [pad] * (-len(ids) % block_size)
+            start = len(ids)
+            ids += _encode(tokenizer, INDEX_TITLE, trusted=True)
+            for entry in entries:
+                # the header is ours, the rest comes from the documents: tokenized apart, capped to the entry size
+                header, text = entry.split(": ", 1)
+                head = _encode(tokenizer, header + ": ", trusted=True)
+                ids += (head + _encode(tokenizer, text, trusted=False))[:index_entry_tokens]
+                ids += _encode(tokenizer, "\n", trusted=True)
+            ids += [pad] * (-len(ids) % block_size)
+            index_span = (start, len(ids))
         else:
             ids += [pad] * (-len(ids) % block_size)
             start = len(ids)
@@ -263,7 +341,8 @@ def build_prompt(
             ids += [pad] * (-len(ids) % block_size)
             spans.append((start, len(ids)))
     return PromptLayout(
-        tuple(ids), block_size, tuple(spans), thinking, used_style, tuple(chunks), protocol_version
+        tuple(ids), block_size, tuple(spans), thinking, used_style, tuple(chunks), protocol_version,
+        index_span, entries,
     )
 
 
@@ -288,7 +367,9 @@ def _sentinel(kind: str, index: int) -> str:
     return f"\ue000{kind}{index}\ue001"
 
 
-def _render_tool_dialogue(tokenizer, system, n_chunks, thinking, repeat_question) -> tuple[str | None, str]:
+def _render_tool_dialogue(
+    tokenizer, system, n_chunks, thinking, repeat_question, index=False
+) -> tuple[str | None, str]:
     if getattr(tokenizer, "chat_template", None) is None:
         return None, "no chat template"
     messages = [{"role": "system", "content": system}, {"role": "user", "content": _sentinel("Q", 0)}]
@@ -303,8 +384,9 @@ def _render_tool_dialogue(tokenizer, system, n_chunks, thinking, repeat_question
                 "content": chunk_header(i) + _sentinel("C", i - 1),
             }
         )
-    if repeat_question:
-        messages.append({"role": "user", "content": f"Question: {_sentinel('Q', 1)}"})
+    if repeat_question or index:  # the index opens the last user turn, before the repeated question
+        content = (_sentinel("I", 0) if index else "") + (f"Question: {_sentinel('Q', 1)}" if repeat_question else "")
+        messages.append({"role": "user", "content": content})
     try:
         text = tokenizer.apply_chat_template(
             messages,
@@ -316,13 +398,18 @@ def _render_tool_dialogue(tokenizer, system, n_chunks, thinking, repeat_question
     except Exception as err:  # templates raise arbitrary errors on roles they do not know
         return None, f"{type(err).__name__}: {err}"
     found = [(m.group(1), int(m.group(2))) for m in _SENTINEL.finditer(text)]
-    expected = [("Q", 0), *[("C", i) for i in range(n_chunks)], *([("Q", 1)] if repeat_question else [])]
+    expected = [
+        ("Q", 0),
+        *[("C", i) for i in range(n_chunks)],
+        *([("I", 0)] if index else []),
+        *([("Q", 1)] if repeat_question else []),
+    ]
     if found != expected:
         return None, "the template dropped or reordered tool messages"
     return text, ""
 
 
-def _render_plain(tokenizer, system, n_chunks, repeat_question, compact: bool = False) -> str:
+def _render_plain(tokenizer, system, n_chunks, repeat_question, compact: bool = False, index: bool = False) -> str:
     bos = tokenizer.bos_token if _adds_bos(tokenizer) else ""
     parts = [f"{bos}{system + chr(10) * 2 if system else ''}Question: {_sentinel('Q', 0)}\n\n"]
     for i in range(1, n_chunks + 1):
@@ -333,6 +420,8 @@ def _render_plain(tokenizer, system, n_chunks, repeat_question, compact: bool = 
             if compact
             else f"[get_magic_chunk({i})]\n{chunk_header(i)}{_sentinel('C', i - 1)}\n\n"
         )
+    if index:
+        parts.append(_sentinel("I", 0))
     if repeat_question:
         parts.append(f"Question: {_sentinel('Q', 1)}\n")
     parts.append("Response:\n")
@@ -345,12 +434,14 @@ def _adds_bos(tokenizer) -> bool:
 
 
 def _pieces(rendered: str, n_chunks: int):
-    """Yield ("template", text) / ("question", None) / ("chunk", index) in prompt order."""
+    """Yield ("template", text) / ("question", None) / ("chunk", index) / ("index", None) in prompt order."""
     cursor = 0
+    kinds = {"Q": "question", "I": "index"}
     for m in _SENTINEL.finditer(rendered):
         if m.start() > cursor:
             yield "template", rendered[cursor : m.start()]
-        yield ("question", None) if m.group(1) == "Q" else ("chunk", int(m.group(2)))
+        kind = m.group(1)
+        yield (kinds[kind], None) if kind in kinds else ("chunk", int(m.group(2)))
         cursor = m.end()
     if cursor < len(rendered):
         yield "template", rendered[cursor:]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-TAG_NAMES = ("global", "focus", "local", "answer", "think")
+from .parser import TAG_NAMES
+
 NEUTRAL_LT = "\u2039"
 
 _TAG_LIKE = re.compile(r"<(?=\s*/?\s*(?:" + "|".join(TAG_NAMES) + r"))", re.IGNORECASE)

@@ -9,15 +9,19 @@ The model writes its attention plan into its own output:
 
 Rules (the README repeats them; tests pin each one):
 
-- Modes: ``global`` (every chunk visible), ``focus`` (only the listed chunks), ``local`` (no chunk).
+- Modes: ``global`` (every chunk visible, and the index if the prompt has one), ``focus`` (only the
+  listed chunks), ``local`` (no chunk), ``index`` (version 3: the prompt's index region, no chunk).
   Decoding starts in ``global``. Scaffold and generated tokens are visible in every mode.
 - ``<focus magic_chunks="LIST">``: LIST holds 1-based chunk ids separated by commas and/or spaces, in
   double or single quotes. Ids outside ``1..num_chunks`` (or not integers) are dropped with a violation;
   if none remains, or the attribute is missing or empty, the mode becomes ``local`` with a violation.
-- ``<local>`` -> local, ``<global>`` -> global; ``</focus>``, ``</local>``, ``</global>`` -> global.
+- ``<local>`` -> local, ``<global>`` -> global, ``<index>`` -> index; every closing tag (``</focus>``,
+  ``</local>``, ``</global>``, ``</index>``) returns to the *resting* mode: ``global``, or ``index`` in a
+  prompt with an index (``has_index``), so navigating between reads costs the index, not the context.
   Opening a mode tag while another is open switches mode (violation ``nested_mode``); a closing tag
   with nothing open is a violation (``unmatched_close``), one that closes a different tag too
-  (``mismatched_close``); both still return to global.
+  (``mismatched_close``); both still return to the resting mode. ``<index>`` in a prompt without an
+  index is a ``no_index`` violation (the mode shows no chunk, like ``local``).
 - A mode changes exactly when the ``>`` that completes its tag is read. A token is *predicted* under
   the mode in force after every earlier token, so the tag's own text belongs to the old mode and the
   text right after ``>`` to the new one (docs/ARCHITECTURE.md, contract 3: tag timing).
@@ -28,12 +32,14 @@ Rules (the README repeats them; tests pin each one):
   them are parsed alike.
 - Anything else that looks like ``<...>`` is plain text (``x < 3 and y > 2``, ``<focused>``); so is a
   ``<focus`` tag longer than ``MAX_TAG_CHARS``.
-- Version 2 (``PROTOCOL_VERSION``; ``version=1`` reads as before): text that starts a DA tag -- ``<`` or
+- Version 2 (``version=1`` reads as before): text that starts a DA tag -- ``<`` or
   ``</`` and a complete tag name (``global``, ``local``, ``focus``, ``answer``) followed by a character
   that cannot continue a name (not a letter, digit, ``_`` or ``-``), or by the end of the text -- but
   does not complete a tag is a ``malformed_tag`` violation: ``</focus junk``, ``<global junk>``,
   ``<answer junk``, ``<focus magic_chunks="3"`` without ``>`` within ``MAX_TAG_CHARS``. Its text stays
   text and the mode does not change. ``<focused>`` and ``<answers>`` are other names: plain text.
+- Version 3 (``PROTOCOL_VERSION``) adds ``<index>``/``</index>`` (and ``index`` as a tag name for
+  ``malformed_tag``); before it they are plain text, and a prompt with an index needs version 3.
 - The parser never raises on model output (docs/ARCHITECTURE.md, contract 5).
 
 Because every decision depends only on the characters read so far, the mode after any prefix does
@@ -51,7 +57,8 @@ from .instructions import PROTOCOL_VERSION, PROTOCOL_VERSIONS
 
 MAX_TAG_CHARS = 256  # a `<focus ...>` candidate longer than this is plain text (bounds buffering)
 
-GLOBAL, FOCUS, LOCAL = "global", "focus", "local"
+GLOBAL, FOCUS, LOCAL, INDEX = "global", "focus", "local", "index"
+MODES = (GLOBAL, FOCUS, LOCAL, INDEX)  # every mode, in the order tables and dashboards show them
 
 
 class ModeState(NamedTuple):
@@ -63,6 +70,12 @@ class ModeState(NamedTuple):
 
 GLOBAL_STATE = ModeState(GLOBAL)
 LOCAL_STATE = ModeState(LOCAL)
+INDEX_STATE = ModeState(INDEX)
+
+
+def resting_state(has_index: bool) -> ModeState:
+    """The state a closing tag returns to: ``index`` in a prompt with an index (version 3), else ``global``."""
+    return INDEX_STATE if has_index else GLOBAL_STATE
 
 
 class Violation(NamedTuple):
@@ -88,13 +101,17 @@ VIOLATION_KINDS = (
     "tag_in_answer",  # a mode tag inside the answer
     "text_after_answer",  # non-whitespace text after </answer>
     "malformed_tag",  # (v2) a DA tag name opened but no tag completed: `</focus junk`; read as text
+    "no_index",  # (v3) <index> in a prompt laid out without an index: the mode shows no chunk
 )
 
-_MODE_TAGS = {"<global>": GLOBAL, "<local>": LOCAL}
-_CLOSE_TAGS = {"</global>": GLOBAL, "</local>": LOCAL, "</focus>": FOCUS}
+_MODE_TAGS = {"<global>": GLOBAL, "<local>": LOCAL, "<index>": INDEX}
+_CLOSE_TAGS = {"</global>": GLOBAL, "</local>": LOCAL, "</focus>": FOCUS, "</index>": INDEX}
+_INDEX_TAGS = ("<index>", "</index>")  # read from version 3 on; plain text before
 _ANSWER_TAGS = ("<answer>", "</answer>")
 _THINK_TAGS = ("<think>", "</think>")
 _FOCUS_HEAD = "<focus"
+# Every tag name some version reads (documents are neutralized against all of them: contract 6)
+TAG_NAMES = (GLOBAL, FOCUS, LOCAL, INDEX, "answer", "think")
 _CHUNKS_ATTR = re.compile(r"""magic_chunks\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 _ID_SEPARATORS = re.compile(r"[,\s]+")
 
@@ -103,30 +120,37 @@ def _prefixes(words) -> frozenset[str]:
     return frozenset(w[:i] for w in words for i in range(1, len(w) + 1))
 
 
+def _exact_tags(thinking: bool, version: int) -> frozenset[str]:
+    tags = {*_MODE_TAGS, *_CLOSE_TAGS, *_ANSWER_TAGS, *(_THINK_TAGS if thinking else ())}
+    return frozenset(tags if version >= 3 else tags - set(_INDEX_TAGS))
+
+
 # v2: a failed candidate that begins with one of these (then a non-name character, or nothing) is malformed
-_TAG_HEADS = frozenset({*(t[:-1] for t in (*_MODE_TAGS, *_CLOSE_TAGS, *_ANSWER_TAGS)), _FOCUS_HEAD})
+_TAG_HEADS = {
+    version: frozenset({*(t[:-1] for t in _exact_tags(False, version)), _FOCUS_HEAD})
+    for version in PROTOCOL_VERSIONS
+}
 
 
-def _names_a_tag(candidate: str) -> bool:
+def _names_a_tag(candidate: str, version: int = PROTOCOL_VERSION) -> bool:
     """Does ``candidate`` (text from a ``<``) begin with a complete DA tag name, i.e. ``<`` or ``</``,
     a tag name, then a character that cannot continue a name or nothing?
 
-    >>> [_names_a_tag(t) for t in ("</focus junk", "<answer", "<focused>", "<glob x", "x < 3")]
-    [True, True, False, False, False]
+    >>> [_names_a_tag(t) for t in ("</focus junk", "<answer", "<focused>", "<glob x", "x < 3", "<index x")]
+    [True, True, False, False, False, True]
     """
     start = end = 2 if candidate.startswith("</") else 1
     while end < len(candidate) and (candidate[end].isalnum() or candidate[end] in "_-"):
         end += 1
-    return end > start and candidate[:end] in _TAG_HEADS
+    return end > start and candidate[:end] in _TAG_HEADS[version]
 
 
-# (exact tags, every prefix of a tag) for non-thinking and thinking mode, built once
+# (exact tags, every prefix of a tag) per (thinking, version), built once
 _TAGS = {
-    thinking: (exact, _prefixes([*exact, _FOCUS_HEAD]))
-    for thinking, exact in (
-        (False, frozenset({*_MODE_TAGS, *_CLOSE_TAGS, *_ANSWER_TAGS})),
-        (True, frozenset({*_MODE_TAGS, *_CLOSE_TAGS, *_ANSWER_TAGS, *_THINK_TAGS})),
-    )
+    (thinking, version): (exact, _prefixes([*exact, _FOCUS_HEAD]))
+    for thinking in (False, True)
+    for version in PROTOCOL_VERSIONS
+    for exact in [_exact_tags(thinking, version)]
 }
 
 
@@ -187,6 +211,7 @@ class ProtocolParser:
     num_chunks: int
     thinking: bool = False
     version: int = PROTOCOL_VERSION
+    has_index: bool = False  # the prompt has an index region (version 3): closing tags return to index
     state: ModeState = field(default=GLOBAL_STATE, init=False)
     violations: list[Violation] = field(default_factory=list, init=False)
     transitions: list[tuple[int, ModeState]] = field(default_factory=lambda: [(0, GLOBAL_STATE)], init=False)
@@ -196,7 +221,10 @@ class ProtocolParser:
             raise ValueError(f"num_chunks must be >= 0, got {self.num_chunks}")
         if type(self.version) is not int or self.version not in PROTOCOL_VERSIONS:
             raise ValueError(f"protocol version must be one of {PROTOCOL_VERSIONS}, got {self.version!r}")
-        self._exact, self._tag_prefixes = _TAGS[bool(self.thinking)]
+        if self.has_index and self.version < 3:
+            raise ValueError(f"an index needs protocol version 3 or later, got version {self.version}")
+        self._exact, self._tag_prefixes = _TAGS[bool(self.thinking), self.version]
+        self._rest = resting_state(self.has_index)
         self._consumed = 0  # characters fully read (as text or as a completed tag)
         self._pending = ""  # a candidate tag that is not complete yet, starting with "<"
         self._open_mode: str | None = None
@@ -283,7 +311,7 @@ class ProtocolParser:
     def _not_a_tag(self, text: str, candidate: str | None = None) -> None:
         """A candidate that failed (``candidate``, by default ``text``) is read as ``text``; from version
         2 on it is a ``malformed_tag`` when it began with a complete DA tag name."""
-        if self.version >= 2 and _names_a_tag(text if candidate is None else candidate):
+        if self.version >= 2 and _names_a_tag(text if candidate is None else candidate, self.version):
             self._violation("malformed_tag", self._consumed)
         self._text(text)
 
@@ -320,7 +348,9 @@ class ProtocolParser:
                 self._violation("tag_in_answer", start)
             if tag in _MODE_TAGS:
                 self._open_mode = _MODE_TAGS[tag]
-                self._set_state(GLOBAL_STATE if self._open_mode == GLOBAL else LOCAL_STATE)
+                if self._open_mode == INDEX and not self.has_index:
+                    self._violation("no_index", start)
+                self._set_state(ModeState(self._open_mode))
             else:
                 self._open_mode = FOCUS
                 self._set_state(self._focus_state(tag, start))
@@ -332,7 +362,7 @@ class ProtocolParser:
             elif self._open_mode != _CLOSE_TAGS[tag]:
                 self._violation("mismatched_close", start)
             self._open_mode = None
-            self._set_state(GLOBAL_STATE)
+            self._set_state(self._rest)
         elif tag == "<answer>":
             if self._in_answer:
                 self._violation("nested_answer", start)
@@ -393,9 +423,14 @@ class ProtocolParser:
 
 
 def parse_completion(
-    text: str, num_chunks: int, thinking: bool = False, version: int = PROTOCOL_VERSION
+    text: str,
+    num_chunks: int,
+    thinking: bool = False,
+    version: int = PROTOCOL_VERSION,
+    has_index: bool = False,
 ) -> ParsedCompletion:
-    """Parse a whole completion (``version``: the protocol version to read it with).
+    """Parse a whole completion (``version``: the protocol version to read it with; ``has_index``:
+    the prompt has an index region).
 
     >>> p = parse_completion('<focus magic_chunks="2">x</focus><answer>8</answer>', num_chunks=7)
     >>> [(s.mode, s.chunks) for s in p.segments], p.answer, p.violations
@@ -404,8 +439,11 @@ def parse_completion(
     [Violation(kind='malformed_tag', position=25), Violation(kind='unclosed_mode', position=55)]
     >>> parse_completion('<focus magic_chunks="2">x</focus junk<answer>8</answer>', 7, version=1).violations
     [Violation(kind='unclosed_mode', position=55)]
+    >>> p = parse_completion('<index>3</index><focus magic_chunks="3">x</focus><answer>8</answer>', 7, has_index=True)
+    >>> [s.mode for s in p.segments], p.violations
+    (['global', 'index', 'focus', 'index'], [])
     """
-    parser = ProtocolParser(num_chunks, thinking=thinking, version=version)
+    parser = ProtocolParser(num_chunks, thinking=thinking, version=version, has_index=has_index)
     parser.feed(text)
     result = parser.finish()
     result.text = text

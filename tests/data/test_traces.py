@@ -126,6 +126,45 @@ def test_every_generator_writes_terse_traces_that_parse_and_cover_the_evidence(t
         assert "special magic" not in example.gold_completion
 
 
+def test_index_navigation_plans_in_index_and_surveys_in_global():
+    """By hand: the same plan, navigated by the index; a chain returns to the index between hops (the
+    resting mode of a prompt with an index), and aggregation still surveys the whole context."""
+    chain = TracePlan(answer="X", reads=(Read((3,), "A = B."), Read((5,), "B = X.")), chained=True)
+    terse = render_trace(chain, random.Random(0), thinking=False, style="terse", navigation="index")
+    assert terse == (
+        '<index>Chunk 3.</index>\n<focus magic_chunks="3"> A = B.</focus>\n<index>Chunk 5.</index>\n'
+        '<focus magic_chunks="5"> B = X.</focus>\n<answer> X</answer>'
+    )
+    parsed = parse_completion(terse, 7, has_index=True)
+    assert parsed.violations == [] and parsed.answer == "X"
+    assert [s.mode for s in parsed.segments] == ["global", "index", "focus", "index", "focus", "index"]
+    survey = TracePlan(answer="owl", need="the most common word", survey="owl appears 9 times.")
+    assert render_trace(survey, random.Random(0), False, navigation="index").startswith("<global>")
+    # the wording draws are the navigation's own: only the tags differ
+    verbose = {nav: render_trace(ACME, random.Random(3), False, navigation=nav) for nav in ("global", "index")}
+    assert verbose["global"].replace("global>", "index>") == verbose["index"]
+    with pytest.raises(ValueError, match="navigation"):
+        render_trace(ACME, random.Random(0), False, navigation="everywhere")
+
+
+@pytest.mark.parametrize("task", LENGTH_TASKS)
+def test_every_generator_writes_index_traces_that_parse_on_an_index_layout(tokenizer, task):
+    from rollouts.masks import trace_completion
+    from rollouts.protocol import build_prompt, token_bytes_table
+
+    example = generate(tokenizer, task, 400, trace_style="terse", trace_navigation="index")
+    layout = build_prompt(
+        example.question, example.documents, tokenizer, chunk_tokens=example.chunk_tokens, index_entry_tokens=16
+    )
+    assert layout.num_chunks == example.num_chunks
+    ids = tokenizer(example.gold_completion, add_special_tokens=False)["input_ids"]
+    trace = trace_completion(layout, ids, token_bytes_table(tokenizer))
+    assert trace.parsed.violations == [], example.gold_completion
+    assert all(a in trace.parsed.answer for a in example.answers)
+    planning = {s.mode for s in trace.parsed.segments} - {"focus", "local"}
+    assert planning == {"global", "index"}  # global: only the opening tag, or an aggregation's survey
+
+
 def test_an_unknown_trace_style_is_refused():
     with pytest.raises(ValueError, match="trace style"):
         render_trace(ACME, random.Random(0), thinking=False, style="chatty")

@@ -35,7 +35,7 @@ def test_defaults():
         "budget",
         128,
     )
-    assert config.efficiency_min_coverage == 1.0 and config.protocol_version == 2
+    assert config.efficiency_min_coverage == 1.0 and config.protocol_version == 3
     assert RewardConfig(strict_string_match=False).grader_options == GraderOptions(strict=False)
 
 
@@ -73,7 +73,7 @@ def test_defaults():
         ),
         ("efficiency_reference_tokens", 0, "RewardConfig.efficiency_reference_tokens must be >= 1, got 0"),
         ("efficiency_reference_tokens", 64.5, "RewardConfig.efficiency_reference_tokens must be an integer"),
-        ("protocol_version", 3, "RewardConfig.protocol_version must be one of (1, 2), got 3"),
+        ("protocol_version", 4, "RewardConfig.protocol_version must be one of (1, 2, 3), got 4"),
     ],
 )
 def test_bad_values_name_the_field(field, value, message):

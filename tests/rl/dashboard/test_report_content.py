@@ -124,7 +124,7 @@ def test_samples_table_mode_mix_is_hand_counted(report_page, sample_run):
         modes = [record["states"][i]["mode"] for i in record["predicted_state"]]
         shown = re.findall(r'<span class="mode-(\w+)">(\d+)%</span>', row)
         assert shown == [
-            (m, str(round(100 * modes.count(m) / len(modes)))) for m in ("global", "focus", "local")
+            (m, str(round(100 * modes.count(m) / len(modes)))) for m in ("global", "focus", "local", "index")
         ]
 
 

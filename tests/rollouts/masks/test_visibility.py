@@ -59,9 +59,11 @@ def reference_row(layout, state, position):
 
 
 def test_visible_chunks_rule():
-    assert visible_chunks(GLOBAL_STATE, 3).tolist() == [True] * 4
-    assert visible_chunks(LOCAL_STATE, 3).tolist() == [True, False, False, False]
-    assert visible_chunks(ModeState("focus", (1, 3)), 3).tolist() == [True, True, False, True]
+    # regions: scaffold, chunks 1..3, the index
+    assert visible_chunks(GLOBAL_STATE, 3).tolist() == [True] * 5
+    assert visible_chunks(LOCAL_STATE, 3).tolist() == [True, False, False, False, False]
+    assert visible_chunks(ModeState("focus", (1, 3)), 3).tolist() == [True, True, False, True, False]
+    assert visible_chunks(ModeState("index"), 3).tolist() == [True, False, False, False, True]
 
 
 def test_tracker_blocks_and_kv_reads_match_dense_reference(layout, tokenizer, token_table):

@@ -10,7 +10,7 @@ the next, so a streaming or timing bug (a mode switched a token early or late, a
 block lost) cannot be on both sides.
 
 Fuzzed over random block-aligned layouts (any block size, chunks touching each other or the prompt's end,
-thinking mode, both protocol versions) and random tag soup: tags, tag fragments, chunk lists and text,
+thinking mode, every protocol version, with and without an index region) and random tag soup: tags, tag fragments, chunk lists and text,
 cut into tokens at random byte offsets (so tokens split tags and UTF-8 characters), with empty-text
 special tokens sprinkled in. Compared: :class:`VisibilityTracker` after every token,
 :func:`trace_completion`'s states and KV counts, and both training masks (dense, and the FlexAttention
@@ -51,21 +51,30 @@ def mode_after(text: str, layout: PromptLayout) -> ModeState:
     The space cannot complete a tag (only ``>`` does), so it lands in the mode ``text`` leaves behind,
     even when ``text`` ends with a tag (whose own segment would be empty)."""
     parsed = parse_completion(
-        text + " ", layout.num_chunks, thinking=layout.thinking, version=layout.protocol_version
+        text + " ",
+        layout.num_chunks,
+        thinking=layout.thinking,
+        version=layout.protocol_version,
+        has_index=bool(layout.index_span),
     )
     return parsed.segments[-1].state
 
 
-def chunk_of_each_key(layout: PromptLayout, length: int) -> list[int]:
-    """1-based chunk id of every position ``< length``, 0 outside every chunk span (scaffold, generated)."""
-    return [
-        next((c for c, (start, end) in enumerate(layout.chunk_spans, start=1) if start <= key < end), 0)
-        for key in range(length)
-    ]
+INDEX = "index"  # what chunk_of_each_key calls a key of the index region
 
 
-def readable(state: ModeState, chunk: int) -> bool:
-    """Contract 4 and the mode rule: scaffold and generated tokens always; chunks as the mode says."""
+def chunk_of_each_key(layout: PromptLayout, length: int) -> list:
+    """1-based chunk id of every position ``< length``, ``INDEX`` inside the index span, 0 elsewhere
+    (scaffold, generated)."""
+    spans = [*enumerate(layout.chunk_spans, start=1), *([(INDEX, layout.index_span)] if layout.index_span else [])]
+    return [next((c for c, (start, end) in spans if start <= key < end), 0) for key in range(length)]
+
+
+def readable(state: ModeState, chunk) -> bool:
+    """Contract 4 and the mode rule: scaffold and generated tokens always; the index in global and index
+    mode; chunks as the mode says."""
+    if chunk == INDEX:
+        return state.mode in ("global", "index")
     return chunk == 0 or state.mode == "global" or chunk in state.chunks
 
 
@@ -84,21 +93,29 @@ def oracle_states(layout: PromptLayout, table: list[bytes], ids) -> list[ModeSta
 
 @st.composite
 def layouts(draw, block_sizes=(1, 2, 3, 4, 8, 16, 32)) -> PromptLayout:
-    """A block-aligned layout: scaffold gaps of 0-2 blocks, chunks of 1-2 blocks, a tail of 0..2 blocks
-    that may be partial (or absent: the prompt may end on a chunk)."""
+    """A block-aligned layout: scaffold gaps of 0-2 blocks, chunks of 1-2 blocks, from version 3 maybe an
+    index of 1-2 blocks after them, a tail of 0..2 blocks that may be partial (or absent: the prompt may
+    end on a chunk or on the index)."""
     block = draw(st.sampled_from(block_sizes))
     spans, cursor = [], 0
     for _ in range(draw(st.integers(0, 5))):
         start = cursor + block * draw(st.integers(0, 2))
         cursor = start + block * draw(st.integers(1, 2))
         spans.append((start, cursor))
+    version = draw(st.sampled_from(PROTOCOL_VERSIONS))
+    index_span = ()
+    if version >= 3 and draw(st.booleans()):
+        start = cursor + block * draw(st.integers(0, 1))
+        cursor = start + block * draw(st.integers(1, 2))
+        index_span = (start, cursor)
     prompt_len = max(1, cursor + draw(st.integers(0, 2 * block)))
     return PromptLayout(
         input_ids=tuple(range(prompt_len)),  # token ids play no part in visibility
         block_size=block,
         chunk_spans=tuple(spans),
         thinking=draw(st.booleans()),
-        protocol_version=draw(st.sampled_from(PROTOCOL_VERSIONS)),
+        protocol_version=version,
+        index_span=index_span,
     )
 
 
@@ -117,6 +134,7 @@ SOUP_WORDS = [
     "<global>", "</global>", "<local>", "</local>", "</focus>", "<answer>", "</answer>", "<think>", "</think>",
     "<focus>", "<focus magic_chunks=", "<focused>", "</focus junk", "<global junk>", "<answers>", "<", ">",
     "</", "/", "focus", "global", "x < 3 and y > 2", " ", "\n", "the mill", "é", "€", "😀", "7",
+    "<index>", "</index>", "<index junk", "index",
 ]  # fmt: skip
 WORDS = st.one_of(
     st.sampled_from(SOUP_WORDS),
@@ -163,7 +181,7 @@ def test_tracker_and_trace_agree_with_the_oracle(layout, soup):
     assert trace.kv_tokens.tolist() == expected_kv
     assert trace.kv_tokens_vanilla.tolist() == [prompt_len + j for j in range(n)]
     whole = parse_completion(
-        prefix_text(table, ids), layout.num_chunks, layout.thinking, layout.protocol_version
+        prefix_text(table, ids), layout.num_chunks, layout.thinking, layout.protocol_version, bool(layout.index_span)
     )
     assert (trace.parsed.segments, trace.parsed.answer, trace.parsed.violations) == (
         whole.segments, whole.answer, whole.violations,

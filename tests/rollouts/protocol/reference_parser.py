@@ -18,16 +18,23 @@ def _tag_regex(thinking: bool, version: int) -> re.Pattern:
     exact = ["<global>", "</global>", "<local>", "</local>", "</focus>", "<answer>", "</answer>"]
     if thinking:
         exact += ["<think>", "</think>"]
+    if version >= 3:
+        exact += ["<index>", "</index>"]
     # <focus> or <focus + whitespace + up to (MAX_TAG - 8) non-angle chars + '>'
     focus = r"<focus(?:>|\s[^<>]{0," + str(MAX_TAG - 8) + r"}>)"
     alternatives = [*map(re.escape, exact), focus]
     if version >= 2:  # tried last: only where no tag matches. A name character is \w or '-'.
-        alternatives.append(r"(?P<malformed></?(?:global|local|focus|answer))(?![\w-])")
+        names = "global|local|focus|answer" + ("|index" if version >= 3 else "")
+        alternatives.append(r"(?P<malformed></?(?:" + names + r"))(?![\w-])")
     return re.compile("|".join(alternatives))
 
 
-def reference_parse(text: str, num_chunks: int, thinking: bool = False, version: int = 2):
-    """Return (segments as (mode, chunks, start, end), answer, violations as (kind, position))."""
+def reference_parse(text: str, num_chunks: int, thinking: bool = False, version: int = 3, has_index=False):
+    """Return (segments as (mode, chunks, start, end), answer, violations as (kind, position)).
+
+    ``has_index``: the prompt has an index, so closing tags return to ``index`` instead of ``global``.
+    """
+    rest = ("index", ()) if has_index else ("global", ())
     violations = []
     state = ("global", ())
     changes = [(0, state)]
@@ -64,7 +71,7 @@ def reference_parse(text: str, num_chunks: int, thinking: bool = False, version:
         if m.lastgroup == "malformed":
             violations.append(("malformed_tag", start))
             cursor = start  # its text is text: read on with the next run
-        elif tag in ("<global>", "<local>") or tag.startswith("<focus"):
+        elif tag in ("<global>", "<local>", "<index>") or tag.startswith("<focus"):
             if open_mode is not None:
                 violations.append(("nested_mode", start))
             if in_answer:
@@ -75,6 +82,11 @@ def reference_parse(text: str, num_chunks: int, thinking: bool = False, version:
             elif tag == "<local>":
                 open_mode = "local"
                 set_state(("local", ()), end)
+            elif tag == "<index>":
+                open_mode = "index"
+                if not has_index:
+                    violations.append(("no_index", start))
+                set_state(("index", ()), end)
             else:
                 open_mode = "focus"
                 attr = re.search(r"""magic_chunks\s*=\s*(?:"([^"]*)"|'([^']*)')""", tag)
@@ -94,7 +106,7 @@ def reference_parse(text: str, num_chunks: int, thinking: bool = False, version:
                 else:
                     violations.append(("empty_focus", start))
                     set_state(("local", ()), end)
-        elif tag in ("</global>", "</local>", "</focus>"):
+        elif tag in ("</global>", "</local>", "</focus>", "</index>"):
             if in_answer:
                 violations.append(("tag_in_answer", start))
             if open_mode is None:
@@ -102,7 +114,7 @@ def reference_parse(text: str, num_chunks: int, thinking: bool = False, version:
             elif open_mode != tag[2:-1]:
                 violations.append(("mismatched_close", start))
             open_mode = None
-            set_state(("global", ()), end)
+            set_state(rest, end)
         elif tag == "<answer>":
             if in_answer:
                 violations.append(("nested_answer", start))

@@ -169,15 +169,15 @@ def test_the_wire_carries_the_protocol_version(tokenizer):
     from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS
 
     layout = build_prompt(QUESTION, DOCS, tokenizer)
-    assert layout.protocol_version == PROTOCOL_VERSION == 2 and PROTOCOL_VERSIONS == (1, 2)
+    assert layout.protocol_version == PROTOCOL_VERSION == 3 and PROTOCOL_VERSIONS == (1, 2, 3)
     v1 = build_prompt(QUESTION, DOCS, tokenizer, protocol_version=1)
     assert v1.input_ids == layout.input_ids and v1 != layout  # the same prompt, parsed by other rules
-    for version, built in ((1, v1), (2, layout)):
+    for version, built in ((1, v1), (3, layout)):
         wire = built.to_wire()
         assert wire["version"] == version
         assert PromptLayout.from_wire(wire, built.input_ids).protocol_version == version
-    with pytest.raises(LayoutError, match="protocol version 3"):
-        build_prompt(QUESTION, DOCS, tokenizer, protocol_version=3)
+    with pytest.raises(LayoutError, match="protocol version 4"):
+        build_prompt(QUESTION, DOCS, tokenizer, protocol_version=4)
 
 
 def test_bad_inputs(tokenizer):

@@ -151,7 +151,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("text", "positions"), MALFORMED)
 def test_malformed_tags_are_violations_and_stay_text(text, positions):
-    v2, v1 = parse_completion(text, 5), parse_completion(text, 5, version=1)
+    v2, v1 = parse_completion(text, 5, version=2), parse_completion(text, 5, version=1)
     assert [v.position for v in v2.violations if v.kind == "malformed_tag"] == positions
     # the only difference from version 1: the violations; the text, modes and answer are v1's
     assert [v for v in v2.violations if v.kind != "malformed_tag"] == v1.violations
@@ -184,7 +184,7 @@ def test_other_names_and_plain_angle_brackets_stay_text(text):
 
 
 def test_version_is_checked():
-    for bad in (0, 3, "2", True, 2.0):
+    for bad in (0, 4, "2", True, 2.0):
         with pytest.raises(ValueError, match="protocol version"):
             ProtocolParser(3, version=bad)
 
@@ -241,9 +241,38 @@ def test_state_changes_exactly_at_closing_bracket():
 
 def test_never_raises_on_garbage():
     for text in ["", "<", ">>>", "</", "<focus", '<focus magic_chunks="', "\x00\ud7ff<answer>", "<" * 1000]:
-        for version in (1, 2):
+        for version in (1, 2, 3):
             p = parse_completion(text, 0, version=version)
             assert isinstance(p.violations, list)
+
+
+# -- version 3: the index mode ---------------------------------------------------------------------
+
+
+def test_index_mode_and_its_resting_state():
+    """Hand-worked: with an index, every close returns to index; without one, to global."""
+    text = '<index>5</index>\n<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>'
+    with_index = parse_completion(text, 7, has_index=True)
+    assert [(s.mode, s.chunks, s.start, s.end) for s in with_index.segments] == [
+        ("global", (), 0, 7),  # `<index>` itself is predicted in the starting mode
+        ("index", (), 7, 41),  # "5</index>\n<focus ...>"
+        ("focus", (5,), 41, 52),
+        ("index", (), 52, len(text)),  # the answer is written reading the index
+    ]
+    assert (with_index.answer, with_index.violations) == ("63", [])
+    without = parse_completion(text, 7)  # v3, no index: a violation, and closes return to global
+    assert [s.mode for s in without.segments] == ["global", "index", "global", "focus", "global"]
+    assert kinds(without) == ["no_index"]
+
+
+def test_index_tags_are_text_before_version_3():
+    text = "<index>x</index><answer>1</answer>"
+    assert modes(parse_completion(text, 2, version=2)) == [("global", ())]
+    assert kinds(parse_completion(text, 2, version=2)) == []
+    assert kinds(parse_completion("<index junk<answer>1</answer>", 2)) == ["malformed_tag"]
+    assert kinds(parse_completion("<indexes><answer>1</answer>", 2)) == []
+    with pytest.raises(ValueError, match="version 3"):
+        ProtocolParser(2, version=2, has_index=True)
 
 
 # -- fuzzing --------------------------------------------------------------------------------------
@@ -253,16 +282,23 @@ FRAGMENTS = [
     '<focus magic_chunks="', "<focus magic_chunks='", "<focus", "<focus>", " magic_chunks=", '"', "'", ">", "<", "</",
     "1", "2", "3", ",", " ", "\n", "x", "é", "<glob", "al>", "<ans", "wer>", "9", "<focused>", "abc", " \t",
     "</focus junk", "<global ", "<answer", "</answer", "<local", "</local", "-", "_", ".", "<answers>", "<focus\n",
+    "<index>", "</index>", "<index", "</index junk", "<indexes>",
 ]  # fmt: skip
 
 tag_soup = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=4), max_size=40).map("".join)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=tag_soup, num_chunks=st.integers(0, 4), thinking=st.booleans(), version=st.sampled_from([1, 2]))
-def test_fuzz_matches_reference(text, num_chunks, thinking, version):
-    p = parse_completion(text, num_chunks, thinking=thinking, version=version)
-    segments, answer, violations = reference_parse(text, num_chunks, thinking, version)
+@given(
+    text=tag_soup,
+    num_chunks=st.integers(0, 4),
+    thinking=st.booleans(),
+    version_index=st.sampled_from([(1, False), (2, False), (3, False), (3, True)]),
+)
+def test_fuzz_matches_reference(text, num_chunks, thinking, version_index):
+    version, has_index = version_index
+    p = parse_completion(text, num_chunks, thinking=thinking, version=version, has_index=has_index)
+    segments, answer, violations = reference_parse(text, num_chunks, thinking, version, has_index)
     assert [(s.mode, s.chunks, s.start, s.end) for s in p.segments] == segments
     assert p.answer == answer
     assert [(v.kind, v.position) for v in p.violations] == violations
@@ -273,17 +309,18 @@ def test_fuzz_matches_reference(text, num_chunks, thinking, version):
     text=tag_soup,
     cuts=st.lists(st.integers(0, 200), max_size=12),
     thinking=st.booleans(),
-    version=st.sampled_from([1, 2]),
+    version_index=st.sampled_from([(1, False), (2, False), (3, False), (3, True)]),
 )
-def test_fuzz_split_invariance(text, cuts, thinking, version):
+def test_fuzz_split_invariance(text, cuts, thinking, version_index):
     """Where the text is split into pieces never changes the result, nor the state at any cut."""
-    whole = parse_completion(text, 3, thinking=thinking, version=version)
+    version, has_index = version_index
+    whole = parse_completion(text, 3, thinking=thinking, version=version, has_index=has_index)
     points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
-    parser = ProtocolParser(3, thinking=thinking, version=version)
+    parser = ProtocolParser(3, thinking=thinking, version=version, has_index=has_index)
     for a, b in itertools.pairwise(points):
         state = parser.feed(text[a:b])
         # the state after a prefix equals the state of a fresh parse of that prefix
-        prefix = ProtocolParser(3, thinking=thinking, version=version)
+        prefix = ProtocolParser(3, thinking=thinking, version=version, has_index=has_index)
         assert prefix.feed(text[:b]) == state
     result = parser.finish()
     assert result.segments == whole.segments
