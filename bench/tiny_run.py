@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rl.train import STAGES, before_after_table, difference_line
+from rl.summary import STAGES, before_after_table, difference_line
 
 
 def main(run_dir: Path, config: str | None = None) -> None:

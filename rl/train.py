@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import threading
@@ -45,12 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.table import Table
 from transformers import TrainerCallback
 
+from rl.callbacks import CheckpointMarker, RunDirLogger, StopOnSignal
 from rl.config import RunConfig, save_run_config
 from rl.console import (
-    LOG_DIR,
     ProgressLines,
     console,
     interactive,
@@ -58,10 +56,9 @@ from rl.console import (
     route_framework_logs,
 )
 from rl.distributed import TrainerRanks, release_process_group
-from rl.export import COMPLETE_MARKER, complete_steps
-from rollouts.placement import check_rollout_placement
-from rollouts.pool import ACTOR_LOG_ENV
-from rollouts.selective.constants import SELECTIVE
+from rl.run_inputs import complete_checkpoints, load_policy, run_data, run_model, run_tokenizer, set_budgets
+from rl.run_pool import start_pool
+from rl.summary import SUMMARY_METRICS, before_after_table, difference_line
 
 logger = logging.getLogger(__name__)
 # what a GRPO progress line shows besides the loss (TRL's mean reward, the batch's accuracy and KV saving)
@@ -70,55 +67,6 @@ GRPO_PROGRESS = ("reward", "heed/reward/accuracy", "heed/reward/kv_saving")
 
 class Terminated(Exception):
     """Raised after a SIGTERM once the run has saved what it can."""
-
-
-def complete_checkpoints(run_dir: str | Path) -> list[Path]:
-    """``RUN_DIR/checkpoints/checkpoint-N`` folders that hold the completion marker, oldest first."""
-    return [Path(run_dir) / "checkpoints" / f"checkpoint-{step}" for step in complete_steps(run_dir)]
-
-
-class CheckpointMarker(TrainerCallback):
-    """Marks a checkpoint complete once the trainer has written all of it: every rank has written its
-    part (rank 0 the weights, each rank its RNG state and, under ZeRO, its shards), then rank 0."""
-
-    def __init__(self, ranks: TrainerRanks | None = None):
-        self.ranks = ranks or TrainerRanks()
-
-    def on_save(self, args, state, control, **kwargs):
-        self.ranks.barrier()
-        if state.is_world_process_zero:
-            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            tmp = path / (COMPLETE_MARKER + ".tmp")
-            tmp.write_text(json.dumps({"step": state.global_step, "time": time.time()}))
-            os.replace(tmp, path / COMPLETE_MARKER)
-
-
-class StopOnSignal(TrainerCallback):
-    """SIGTERM -> save a checkpoint at the end of this step and stop (every rank, when any got it)."""
-
-    def __init__(self, ranks: TrainerRanks | None = None):
-        self.received = False  # this process got SIGTERM
-        self.stopped = False  # training stopped for it (on every rank)
-        self.ranks = ranks or TrainerRanks()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.ranks.any(self.received):
-            self.stopped = True
-            control.should_save = True
-            control.should_training_stop = True
-        return control
-
-
-class RunDirLogger(TrainerCallback):
-    """Appends a Hugging Face trainer's log lines to the run directory (copy warm-up and SFT phases)."""
-
-    def __init__(self, writer, phase: str):
-        self.writer, self.phase = writer, phase
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs:
-            numbers = {k: v for k, v in logs.items() if isinstance(v, int | float)}
-            self.writer.log_metrics(state.global_step, self.phase, numbers)
 
 
 class TrainRecipe:
@@ -154,7 +102,7 @@ class TrainRecipe:
             start_dir = self.ranks.on_main(self._inputs)
             if not self.ranks.is_main:
                 start_dir = self._inputs()
-            self.pool = self.ranks.on_main(lambda: self._start_pool(start_dir))
+            self.pool = self.ranks.on_main(lambda: start_pool(self.config, self.run_dir, start_dir))
         self.examples = {str(r["id"]): r for r in self.data[cfg.data.train_split]}
         held_out = list(self.data[cfg.data.eval_split])
         self.eval_rows = held_out[: cfg.data.eval_examples] if cfg.data.eval_examples else held_out
@@ -162,7 +110,7 @@ class TrainRecipe:
     def _select_kernel(self) -> None:
         """Register Selective Attention with transformers, its prefills on ``selective.kernel``, before the
         policy is built or loaded (the rollout actors get the kernel through their environment, see
-        ``_pool``)."""
+        ``rl/run_pool.py``)."""
         from rollouts.selective.attention import register_selective_attention
 
         kernel = self.config.selective.kernel
@@ -174,29 +122,12 @@ class TrainRecipe:
         register_selective_attention(kernel)
 
     def _inputs(self) -> Path:
-        """Tokenizer, data and model of the run (built into the run directory when missing); returns the
-        folder the rollout pool can load the model from."""
-        self.tokenizer = self._tokenizer()
-        self.data = self._data()
-        self.model, start_dir = self._model()
+        """Tokenizer, data and model of the run (built into the run directory when missing,
+        ``rl/run_inputs.py``); returns the folder the rollout pool can load the model from."""
+        self.tokenizer = run_tokenizer(self.config, self.run_dir)
+        self.data = run_data(self.config, self.run_dir, self.tokenizer)
+        self.model, start_dir = run_model(self.config, self.run_dir, self.tokenizer, self._budgets())
         return start_dir
-
-    def _start_pool(self, start_dir: Path):
-        """The rollout pool (rank 0), checked to sit on the rollout nodes when the config names them."""
-        pool = self._pool(start_dir)
-        resource = self.config.cluster.rollout_node_resource
-        if resource:
-            try:
-                nodes = check_rollout_placement(pool, resource)
-            except Exception:
-                pool.shutdown()
-                raise
-            console.print(f"[bold]rollout pool[/] actors on nodes {', '.join(nodes)} ({resource})")
-        if self.config.cluster.colocate:  # the engines sleep while the trainer has the GPUs
-            from rollouts.pool import ColocatedPool
-
-            return ColocatedPool(pool)
-        return pool
 
     def _open_run_dir(self) -> dict[str, Any]:
         """Rank 0: a new run directory, or the one ``--resume`` continues; returns the run's state."""
@@ -230,130 +161,11 @@ class TrainRecipe:
                 f"another `heed train` is running in {self.run_dir}; wait for it or stop it first"
             ) from None
 
-    def _tokenizer(self):
-        from transformers import AutoTokenizer
-
-        from data.tokenizer import build_tokenizer
-
-        cfg = self.config
-        saved = self.run_dir / "tokenizer"
-        if saved.is_dir():
-            return AutoTokenizer.from_pretrained(saved)
-        path = cfg.tokenizer.path or cfg.model.path
-        tokenizer = (
-            AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
-            if path
-            else build_tokenizer(split_digits=cfg.tokenizer.split_digits)
-        )
-        tokenizer.save_pretrained(saved)
-        return tokenizer
-
-    def _data(self):
-        from datasets import load_from_disk
-
-        from data.build import build_dataset
-        from data.config import parse_config
-
-        cfg = self.config.data
-        if cfg.path:
-            return load_from_disk(cfg.path)
-        out = self.run_dir / "data"
-        if (out / "dataset_dict.json").is_file():
-            return load_from_disk(str(out))
-        console.print(f"[bold]data[/] building {out}")
-        return build_dataset(
-            parse_config(cfg.build), out, overwrite=True, progress=True, tokenizer=self.tokenizer
-        )
-
-    def _model(self):
-        """The model the run continues from, and the folder the rollout pool can load it from."""
-        from transformers import AutoModelForCausalLM
-
-        from rl.model import build_tiny_model
-
-        cfg = self.config.model
-        dtype = getattr(torch, cfg.dtype)
-        # the newest weights this run has: final policy, newest complete GRPO checkpoint, SFT, start
-        checkpoints = complete_checkpoints(self.run_dir)
-        for folder in (
-            self.run_dir / "final",
-            *reversed(checkpoints),
-            self.run_dir / "budget_search",
-            self.run_dir / "sft",
-            self.run_dir / "copy_warmup",
-            self.run_dir / "init",
-        ):
-            if (folder / "config.json").is_file():
-                return self._load(folder, dtype), folder
-        init = self.run_dir / "init"
-        if cfg.path:
-            model = AutoModelForCausalLM.from_pretrained(
-                cfg.path, dtype=dtype, attn_implementation=cfg.attn_implementation,
-                trust_remote_code=cfg.trust_remote_code,
-            )  # fmt: skip
-        else:
-            model = build_tiny_model(self.tokenizer, cfg.tiny, dtype=dtype)
-            model.config._attn_implementation = cfg.attn_implementation
-        if self.config.selective.enabled:
-            model.config.selective_attention = True
-            model.set_attn_implementation(SELECTIVE)
-        self._set_budgets(model)
-        model.save_pretrained(init)
-        self.tokenizer.save_pretrained(init)
-        return model, init
-
-    def _load(self, folder: Path, dtype):
-        from transformers import AutoModelForCausalLM
-
-        cfg = self.config.model
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, trust_remote_code=cfg.trust_remote_code,
-            attn_implementation=SELECTIVE if self.config.selective.enabled else cfg.attn_implementation,
-        )  # fmt: skip
-        self._set_budgets(model)
-        return model
-
-    def _set_budgets(self, model) -> None:
-        """The run's Selective Attention KV budgets into the model config: saved with every checkpoint, read
-        by the rollout engines (which evict under them) and by the trainer (which replays the evictions).
-        With ``selective.search_budgets`` they are the search's (none before it has run)."""
-        from rollouts.selective.eviction import CONFIG_KEY, save_budgets
-
+    def _budgets(self) -> list[int] | None:
+        """The run's Selective Attention KV budgets: ``selective.budgets``, or with ``selective.search_budgets``
+        the search's (none before it has run)."""
         selective = self.config.selective
-        budgets = self.state.get("budgets") if selective.search_budgets else selective.budgets
-        if budgets is not None:
-            save_budgets(model.config, budgets)
-        elif hasattr(model.config, CONFIG_KEY):
-            delattr(model.config, CONFIG_KEY)
-
-    def _pool(self, model_dir: Path):
-        from rollouts.pool import PoolConfig, RolloutPool
-
-        cfg = self.config.rollout
-        engine_kwargs = {
-            # the importance-sampling correction compares against log-probs after temperature
-            "logprobs_mode": "processed_logprobs",
-            "dtype": self.config.model.dtype,
-            **({"enable_sleep_mode": True} if self.config.cluster.colocate else {}),
-            **cfg.engine_kwargs,
-        }
-        env = {
-            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            ACTOR_LOG_ENV: str((self.run_dir / LOG_DIR / "rollout.log").resolve()),
-            **cfg.env,
-        }
-        if self.config.selective.enabled:
-            env["HEED_SELECTIVE_KERNEL"] = self.config.selective.kernel
-        engine = {"vllm": "vLLM", "reference": "reference-engine"}[self.config.rollout_engine]
-        console.print(f"[bold]rollout pool[/] {cfg.num_actors} {engine} actor(s) on {model_dir}")
-        import ray  # noqa: F401  (Ray adds its console handler on import: route it to the log like the rest)
-
-        route_framework_logs(self.run_dir)
-        block_size = self.config.run.block_size
-        config = PoolConfig.from_settings(
-            cfg, model=str(model_dir), block_size=block_size, engine_kwargs=engine_kwargs, env=env
-        )
-        return RolloutPool(config)
+        return self.state.get("budgets") if selective.search_budgets else selective.budgets
 
     # -- phases ----------------------------------------------------------------------------------------
 
@@ -513,7 +325,7 @@ class TrainRecipe:
         """Per-layer KV budgets for the policy as it is now (after SFT), by the paper's greedy search (§4)
         on gold traces of ``selective.search_split``; rank 0 searches, every rank takes the budgets."""
         self.state["budgets"] = self.ranks.share(self.ranks.on_main(self._search_budgets))
-        self._set_budgets(self.model)
+        set_budgets(self.model, self._budgets())
 
     def _search_budgets(self) -> list[int]:
         """Rank 0: search, save the policy with its budgets to ``RUN_DIR/budget_search`` (where a resume
@@ -552,7 +364,7 @@ class TrainRecipe:
             f"{result.loss:.4f} <= target {result.target:.4f}, {result.evaluations} evaluations"
         )
         self.pool.shutdown()
-        self.pool = self._start_pool(out)
+        self.pool = start_pool(self.config, self.run_dir, out)
         return budgets
 
     def _save_trained(self, trainer, name: str) -> None:
@@ -565,7 +377,7 @@ class TrainRecipe:
             # a second engine over the same parameters (the next phase's) breaks in backward: go on from
             # the saved copy
             self.ranks.barrier()
-            self.model = self._load(self.run_dir / name, getattr(torch, self.config.model.dtype))
+            self.model = load_policy(self.config, self.run_dir / name, self._budgets())
 
     def grpo(self) -> None:
         from datasets import Dataset
@@ -743,69 +555,9 @@ class TrainRecipe:
         )
 
 
-SUMMARY_METRICS = ("accuracy", "compliance", "coverage", "kv_saving")  # compared GRPO - SFT per example
-STAGES = (("init", "random"), ("sft", "after SFT"), ("grpo", "after GRPO"))
-
-
-def paired_difference(
-    before: dict[str, list], after: dict[str, list], metric: int
-) -> tuple[float, float, int]:
-    """Mean of ``after - before`` over the completions both evals scored, its standard error, and n."""
-    diffs = [
-        after[k][metric] - before[k][metric]
-        for k in before.keys() & after.keys()
-        if before[k][metric] is not None and after[k][metric] is not None
-    ]
-    n = len(diffs)
-    if n < 2:
-        return (diffs[0] if diffs else math.nan), math.nan, n
-    mean = sum(diffs) / n
-    var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-    return mean, math.sqrt(var / n), n
-
-
-def before_after_table(state: dict, suffix: str = "", title: str = "held-out da") -> Table | None:
-    """random -> SFT -> GRPO on the `da` eval named ``<stage><suffix>`` (the sampled evals have no random
-    stage); ``None`` when there is none."""
-    rows = [
-        (label, state["eval"][stage + suffix]["da"])
-        for stage, label in STAGES
-        if stage + suffix in state["eval"]
-    ]
-    if not rows:
-        return None
-    table = Table(title=title, title_justify="left")
-    for column in ("", "acc", "compl.", "cover.", "KV saved", "g/f/l %", "n"):
-        table.add_column(column, justify="left" if not column else "right", no_wrap=True)
-    for label, row in rows:
-        mix = "/".join(_fmt(row.get(f"mode_mix_{m}"), "{:.0f}", 100) for m in ("global", "focus", "local"))
-        cells = [_fmt(row.get(k)) for k in SUMMARY_METRICS]
-        table.add_row(label, *cells, mix, str(row["n"]))
-    return table
-
-
-def difference_line(state: dict, suffix: str = "") -> str | None:
-    """``GRPO - SFT`` on the `da` eval named ``<stage><suffix>``: each metric's mean paired difference
-    over the completions both evals scored, ± its standard error (KV saving per completion here; the
-    table pools tokens over completions). ``None`` before both evals exist."""
-    examples = state.get("eval_examples", {})
-    before, after = examples.get("sft" + suffix), examples.get("grpo" + suffix)
-    if not (before and after):
-        return None
-    cells, n = [], 0
-    for i, name in enumerate(SUMMARY_METRICS):
-        mean, se, n = paired_difference(before, after, i)
-        cells.append(f"{name} {mean:+.3f} ± {se:.3f}")
-    return f"GRPO - SFT (paired, n={n}): " + ", ".join(cells)
-
-
 def _partitioned(model: torch.nn.Module) -> bool:
     """Whether DeepSpeed ZeRO-3 has partitioned the model's parameters over the ranks."""
     return any(hasattr(p, "ds_id") for p in model.parameters())
-
-
-def _fmt(value, spec: str = "{:.3f}", scale: float = 1.0) -> str:
-    return "-" if value is None else spec.format(value * scale)
 
 
 def _matmul_params(model: torch.nn.Module) -> int:

@@ -5,7 +5,7 @@ import math
 
 from rich.console import Console
 
-from rl.train import before_after_table, difference_line, paired_difference
+from rl.summary import before_after_table, difference_line, paired_difference
 
 
 def test_paired_difference_by_hand():

@@ -1,0 +1,122 @@
+"""What a `heed train` run starts from: its tokenizer, data and model, built into the run directory the first
+time and loaded from it after (on a resume, and by the trainer ranks other than 0).
+
+The model is the newest one the run directory holds: the final policy, the newest *complete* GRPO
+checkpoint (one with ``heed_complete.json``), the budget search's, SFT's, the copy warm-up's, or the
+starting model in ``init/``, built from ``model`` (a hub model, or the tiny one) when there is none. A
+Selective Attention policy carries its KV budgets in its config (:func:`set_budgets`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from rl.config import RunConfig
+from rl.console import console
+from rl.export import complete_steps
+from rollouts.selective.constants import SELECTIVE
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """``RUN_DIR/checkpoints/checkpoint-N`` folders that hold the completion marker, oldest first."""
+    return [Path(run_dir) / "checkpoints" / f"checkpoint-{step}" for step in complete_steps(run_dir)]
+
+
+def run_tokenizer(config: RunConfig, run_dir: Path):
+    """``RUN_DIR/tokenizer``, saved there first from ``tokenizer.path`` (or the model's), or the local BPE."""
+    from transformers import AutoTokenizer
+
+    from data.tokenizer import build_tokenizer
+
+    saved = run_dir / "tokenizer"
+    if saved.is_dir():
+        return AutoTokenizer.from_pretrained(saved)
+    path = config.tokenizer.path or config.model.path
+    tokenizer = (
+        AutoTokenizer.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
+        if path
+        else build_tokenizer(split_digits=config.tokenizer.split_digits)
+    )
+    tokenizer.save_pretrained(saved)
+    return tokenizer
+
+
+def run_data(config: RunConfig, run_dir: Path, tokenizer):
+    """``data.path``, or ``data.build`` built into ``RUN_DIR/data`` (once) with the run's tokenizer."""
+    from datasets import load_from_disk
+
+    from data.build import build_dataset
+    from data.config import parse_config
+
+    cfg = config.data
+    if cfg.path:
+        return load_from_disk(cfg.path)
+    out = run_dir / "data"
+    if (out / "dataset_dict.json").is_file():
+        return load_from_disk(str(out))
+    console.print(f"[bold]data[/] building {out}")
+    return build_dataset(parse_config(cfg.build), out, overwrite=True, progress=True, tokenizer=tokenizer)
+
+
+def run_model(config: RunConfig, run_dir: Path, tokenizer, budgets: Sequence[int] | None):
+    """The model the run continues from, and the folder the rollout pool can load it from (``init/``,
+    written here, when the run has none yet). ``budgets``: its Selective Attention KV budgets, or None."""
+    from transformers import AutoModelForCausalLM
+
+    from rl.model import build_tiny_model
+
+    cfg = config.model
+    dtype = getattr(torch, cfg.dtype)
+    for folder in (
+        run_dir / "final",
+        *reversed(complete_checkpoints(run_dir)),
+        run_dir / "budget_search",
+        run_dir / "sft",
+        run_dir / "copy_warmup",
+        run_dir / "init",
+    ):
+        if (folder / "config.json").is_file():
+            return load_policy(config, folder, budgets), folder
+    init = run_dir / "init"
+    if cfg.path:
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.path, dtype=dtype, attn_implementation=cfg.attn_implementation,
+            trust_remote_code=cfg.trust_remote_code,
+        )  # fmt: skip
+    else:
+        model = build_tiny_model(tokenizer, cfg.tiny, dtype=dtype)
+        model.config._attn_implementation = cfg.attn_implementation
+    if config.selective.enabled:
+        model.config.selective_attention = True
+        model.set_attn_implementation(SELECTIVE)
+    set_budgets(model, budgets)
+    model.save_pretrained(init)
+    tokenizer.save_pretrained(init)
+    return model, init
+
+
+def load_policy(config: RunConfig, folder: Path, budgets: Sequence[int] | None):
+    """The policy saved in ``folder``, in the run's dtype and attention, with ``budgets``."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = config.model
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=getattr(torch, cfg.dtype), trust_remote_code=cfg.trust_remote_code,
+        attn_implementation=SELECTIVE if config.selective.enabled else cfg.attn_implementation,
+    )  # fmt: skip
+    set_budgets(model, budgets)
+    return model
+
+
+def set_budgets(model, budgets: Sequence[int] | None) -> None:
+    """Selective Attention KV budgets into the model config (saved with every checkpoint, read by the rollout
+    engines, which evict under them, and by the trainer, which replays the evictions); None removes them."""
+    from rollouts.selective.eviction import CONFIG_KEY, save_budgets
+
+    if budgets is not None:
+        save_budgets(model.config, list(budgets))
+    elif hasattr(model.config, CONFIG_KEY):
+        delattr(model.config, CONFIG_KEY)
