@@ -63,6 +63,22 @@ def acme(tokenizer):
 
 
 @pytest.fixture(scope="session")
+def acme_index(tokenizer, acme):
+    """The same example laid out with an index (24 tokens per entry), its gold trace navigating by it:
+    the plan in ``<index>``, and every close returning to index."""
+    from rl.demo import acme_example, gold_completion
+    from rollouts.protocol import build_prompt
+
+    question, docs, founded, public = acme_example(num_chunks=4, chunk_words=40, seed=0)
+    layout = build_prompt(
+        question, docs, tokenizer, block_size=BLOCK_SIZE, chunk_tokens=160, index_entry_tokens=24
+    )
+    text = gold_completion(founded, public, thinking=False).replace("global>", "index>")
+    gold = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return GoldCase(layout, tuple(gold), founded, public)
+
+
+@pytest.fixture(scope="session")
 def reference_engine(tiny_model_dir):
     from rollouts.engines.reference import ReferenceEngine
 

@@ -70,6 +70,26 @@ def test_engine_kv_reads_match_accounting(gold_runs):
     assert "kv_tokens_engine" not in got[2].extra  # vanilla requests are not tracked at all
 
 
+def test_index_mode_matches_reference_and_accounting(vllm_engine, reference_engine, acme_index, token_table):
+    # The index mode through the same plugin: vLLM equals the reference engine, the seq_len handed to
+    # attention equals the trace's count at every step, and steps in index mode read the index and no chunk.
+    from rollouts.masks import trace_completion
+
+    layout = acme_index.layout
+    request = RolloutRequest(layout, "da", forced_ids=acme_index.gold_ids)
+    (got,), (want,) = vllm_engine.generate([request]), reference_engine.generate([request])
+    trace = trace_completion(layout, acme_index.gold_ids, token_table)
+    assert trace.parsed.violations == [] and got.completion_ids == list(acme_index.gold_ids)
+    assert max_abs_diff(got.logprobs, want.logprobs) <= TOLERANCE
+    assert got.extra["kv_tokens_engine"] == want.extra["kv_tokens_engine"] == trace.kv_tokens.tolist()
+    modes = [trace.states[s].mode for s in trace.predicted_state]
+    chunks = sum(end - start for start, end in layout.chunk_spans)
+    index_steps = [j for j, m in enumerate(modes) if m == "index"]
+    assert len(index_steps) > len(modes) // 2  # planning, the moves between reads and the answer
+    for j in index_steps:  # the forward at prompt_len - 1 + j reads every key but the chunks'
+        assert got.extra["kv_tokens_engine"][j] == layout.prompt_len + j - chunks
+
+
 def test_greedy_continuation_under_focus_mask(vllm_engine, reference_engine, acme, token_table):
     # Free decoding (not forced) inside a focus segment: same greedy tokens, same log-probs.
     from rollouts.masks import trace_completion
