@@ -98,12 +98,14 @@ class DACollator:
 
 @dataclass
 class SFTConfig:
-    """Warm-start hyperparameters (defaults: the tiny-model recipe measured on 2 CPU cores)."""
+    """Warm-start hyperparameters. ``heed train`` fills them from its ``sft`` and ``run`` sections
+    (:meth:`rl.config_training.SFTSection.to_sft_config`); the defaults are for calling :func:`train_sft`
+    directly on a tiny model."""
 
     output_dir: str = "runs/sft"  # where checkpoints and logs go
     max_steps: int = 300  # optimizer steps
     per_device_batch_size: int = 16  # examples per step (per device)
-    learning_rate: float = 1e-3  # AdamW; 3e-3 was measured worse for the tiny model
+    learning_rate: float = 1e-3  # AdamW peak learning rate
     warmup_steps: int = 100  # linear warm-up
     lr_scheduler_type: str = (
         "linear"  # transformers scheduler after the warm-up: linear (decay to 0), constant_with_warmup, ...
