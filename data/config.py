@@ -60,8 +60,9 @@ class DataConfig:
     # models) or "terse" (the plan names the chunks, the focus copies the value, the answer repeats it;
     # for a model trained from scratch).
     trace_style: str = "verbose"
-    # Where gold traces plan (data/traces.py): "global" (the whole context) or "index" (the prompt's index
-    # of the chunks; for runs that lay prompts out with an index, run.index_entry_tokens > 0).
+    # Where gold traces plan (data/traces.py): "global" (the whole context), "index" (the prompt's index of
+    # the chunks; for runs that lay prompts out with an index, run.index_entry_tokens > 0) or "mixed" (each
+    # example draws one of the two, so GRPO can choose between them).
     trace_navigation: str = "global"
 
     def to_dict(self) -> dict:

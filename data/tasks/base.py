@@ -78,6 +78,8 @@ def finalize(
             f"{task}: generated {context_tokens} context tokens for target_tokens={target_tokens} "
             f"(outside ±{LENGTH_TOLERANCE:.0%}); this tokenizer may count text non-additively"
         )
+    if trace_navigation == "mixed":  # both forms in one dataset, so RL can choose between them
+        trace_navigation = rng.choice(("global", "index"))
     gold, gold_thinking = render_traces(draft.plan, rng, trace_style, trace_navigation)
     example = Example(
         id=example_id,

@@ -12,8 +12,9 @@ from the texts alone (no model, no randomness):
    or a hyphenated word: ``for silver-owl is: 4715293``, ``VAR QXZ = 12``), then by rarity, the mean
    over the sentence's distinct words of ``1 / df``, where ``df`` is how many of the example's chunks
    contain the word (filler shared by every chunk scores low), then by position.
-3. Take the best sentence (only its first words when it alone overflows the entry's token budget), then
-   each next one that still fits whole, and write them in the order they stand in the chunk.
+3. Take the best sentence, then each next one that still fits the entry's token budget whole, and write
+   them in the order they stand in the chunk. When the best sentence alone overflows, drop its most
+   common words until it fits (``for golden-wine is: 47`` keeps ``golden-wine 47.``).
 
 Left out: learned summaries (they need a model at layout time) and per-entry block alignment (the
 index is one block-aligned region; the mask shows it whole).
@@ -76,7 +77,7 @@ def _entry(chunk_id: int, text: str, df: dict[str, int], count_tokens, entry_tok
         return header
     best, *rest = sorted(range(len(sentences)), key=rank)
     if count_tokens(sentences[best]) > budget:
-        return header + _first_words(sentences[best], count_tokens, budget)
+        return header + _rarest_words(sentences[best], df, count_tokens, budget)
     chosen, used = [best], count_tokens(sentences[best])
     for i in rest:
         cost = count_tokens(" " + sentences[i])
@@ -86,14 +87,19 @@ def _entry(chunk_id: int, text: str, df: dict[str, int], count_tokens, entry_tok
     return header + " ".join(sentences[i] for i in sorted(chosen))
 
 
-def _first_words(sentence: str, count_tokens, budget: int) -> str:
-    """The longest run of ``sentence``'s first words that fits ``budget`` tokens."""
+def _rarest_words(sentence: str, df: dict[str, int], count_tokens, budget: int) -> str:
+    """``sentence`` without its most common words, in order, until it fits ``budget`` tokens: what is left
+    is what tells the chunk apart. Dropped first: the highest ``df``; of equal ones, words that do not
+    look like a key or a value; then the last."""
     words = sentence.split()
-    lo, hi = 0, len(words)
-    while lo < hi:  # the largest k with count(words[:k]) <= budget; token counts grow with k
-        mid = (lo + hi + 1) // 2
-        if count_tokens(" ".join(words[:mid])) <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    return " ".join(words[:lo])
+
+    def commonness(i: int) -> tuple:
+        found = _WORD.findall(words[i])
+        return (max((df.get(w.lower(), 0) for w in found), default=0), not _KEY_VALUE.search(words[i]), i)
+
+    keep = list(range(len(words)))
+    for i in sorted(keep, key=commonness, reverse=True):
+        if count_tokens(" ".join(words[k] for k in keep)) <= budget:
+            break
+        keep.remove(i)
+    return " ".join(words[k] for k in keep)

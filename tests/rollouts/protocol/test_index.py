@@ -28,7 +28,7 @@ def test_entries_prefer_key_value_sentences_then_rare_ones():
     ]
     # 7 words: the header (2) and 5
     assert index_entries(chunks, words, 7) == (
-        "Chunk 1: One of the magic numbers",  # the needle comes first even cut short
+        "Chunk 1: One of magic silver-owl 4715293.",  # the needle first, cut to its rarest words
         "Chunk 2: A quiet harbor waited.",  # df-1 words beat "The baker sang at dawn." (df 3)
         "Chunk 3: The owl slept.",  # "owl", "slept" are in 2 chunks, "baker ... dawn" in 3
     )
@@ -40,8 +40,11 @@ def test_entries_prefer_key_value_sentences_then_rare_ones():
     )
 
 
-def test_an_entry_too_small_for_its_best_sentence_keeps_its_first_words():
-    assert index_entries(["VAR QXZ = VAR ABC and more words here."], words, 5) == ("Chunk 1: VAR QXZ =",)
+def test_an_entry_too_small_for_its_best_sentence_keeps_its_rarest_words():
+    # one chunk: every word has df 1, so the words that look like keys or values stay, in order
+    assert index_entries(["VAR QXZ = VAR ABC and more words here."], words, 7) == (
+        "Chunk 1: VAR QXZ = VAR ABC",
+    )
     with pytest.raises(ValueError, match="index_entry_tokens"):
         index_entries(["text"], words, 2)
 
