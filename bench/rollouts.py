@@ -84,7 +84,7 @@ def build_workload(tokenizer, args):
                 rng=rng,
             )
             row = dataclasses.asdict(example)
-            layout = layout_example(row, tokenizer, block_size=32)
+            layout = layout_example(row, tokenizer)  # block size 32: the default layout
             gold = tokenizer(gold_completion(row), add_special_tokens=False)["input_ids"]
             out.append((name, layout, tuple(gold)))
     return out

@@ -88,10 +88,7 @@ def build(case: Case, prompts: int, generations: int, seed: int = 0):
     ordinary = np.array([i for i in range(len(tokenizer)) if i not in special])
     traces, completions = [], []
     for row in rows:
-        layout = layout_example(
-            row, tokenizer, block_size=cfg.run.block_size, thinking=cfg.run.thinking,
-            style=cfg.run.layout_style, instructions=cfg.run.instructions,
-        )  # fmt: skip
+        layout = layout_example(row, tokenizer, cfg.run.prompt_layout())
         gold = tokenizer(row["gold_completion"], add_special_tokens=False)["input_ids"]
         for _ in range(generations):
             n = int(rng.integers(case.completion_tokens - 6, case.completion_tokens + 7))

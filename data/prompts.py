@@ -4,38 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rollouts.protocol import PromptLayout, build_prompt
+from rollouts.protocol import DEFAULT_LAYOUT, LayoutSettings, PromptLayout
 
 DEFAULT_CHUNK_TOKENS = 2048
 
 
-def layout_example(
-    example: Mapping,
-    tokenizer,
-    *,
-    block_size: int = 32,
-    thinking: bool = False,
-    style: str = "auto",
-    instructions: bool = True,
-) -> PromptLayout:
+def layout_example(example: Mapping, tokenizer, settings: LayoutSettings = DEFAULT_LAYOUT) -> PromptLayout:
     """Lay out a schema row (``question``, ``documents``, optional ``chunk_tokens``) as a DA prompt.
 
     Each document is one magic chunk when the row was cut for its ``chunk_tokens`` (every generator and
-    importer does that), so ``evidence_chunks`` index the layout's chunks directly. ``style`` and
-    ``instructions`` are :func:`~rollouts.protocol.build_prompt`'s: SFT, rollouts, eval and serving must
-    lay out prompts the same way.
+    importer does that), so ``evidence_chunks`` index the layout's chunks directly. ``settings`` are the
+    run's (or the export's): SFT, rollouts, eval and serving must lay out prompts the same way.
     """
     chunk_tokens = int(example.get("chunk_tokens") or DEFAULT_CHUNK_TOKENS)
-    layout = build_prompt(
-        example["question"],
-        list(example["documents"]),
-        tokenizer,
-        block_size=block_size,
-        chunk_tokens=chunk_tokens,
-        thinking=thinking,
-        style=style,
-        instructions=instructions,
-    )
+    layout = settings.build(example["question"], list(example["documents"]), tokenizer, chunk_tokens=chunk_tokens)
     if layout.num_chunks != len(example["documents"]):
         raise ValueError(
             f"example {example.get('id', '?')!r}: {len(example['documents'])} documents became {layout.num_chunks} chunks; "

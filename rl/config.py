@@ -91,6 +91,13 @@ class RunConfig(Section):
                 f"is {built!r} but the run trains with {expected!r} (tokenizer.path); build the data with "
                 "the tokenizer you train with, or chunk sizes and context lengths will not match",
             )
+            navigation = self.data.data_config().trace_navigation
+            check(
+                navigation == "global" or self.run.index_entry_tokens > 0,
+                "data.build.trace_navigation",
+                f"is {navigation!r}, but the run lays prompts out without an index: set "
+                "run.index_entry_tokens (for example 10), or trace_navigation: global",
+            )
             tasks = {task.name for task in self.data.data_config().tasks}
             for name in self.curriculum.task_mix:
                 check(

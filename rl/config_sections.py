@@ -19,7 +19,7 @@ from data.schema import DataError
 from data.tasks import TASKS
 from rl.config_validation import REPO_ROOT, ConfigError, Section, check  # noqa: F401  (REPO_ROOT: rl/launch.py)
 from rl.model import TinyModelConfig
-from rollouts.protocol.layout import LAYOUT_STYLES
+from rollouts.protocol.layout import LAYOUT_STYLES, LayoutSettings
 from rollouts.trajectory import ROLLOUT_MODES
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -40,15 +40,20 @@ class RunSection(Section):
     # Protocol instructions in the system message. A pretrained model needs them; a model that learns the
     # protocol from SFT does not (the tiny default drops them: 350 tokens of every prompt on CPU).
     instructions: bool = True
+    # An index of the magic chunks after them, one entry of this many tokens per chunk, for <index> mode
+    # (protocol v3; rollouts/protocol/index.py); 0: no index. Gold traces navigate by it when
+    # data.build.trace_navigation is index or mixed.
+    index_entry_tokens: int = 0
 
-    def prompt_layout(self) -> dict:
-        """How the run lays out its prompts, as :func:`rl.sft.encode_sft_row` takes it."""
-        return {
-            "block_size": self.block_size,
-            "thinking": self.thinking,
-            "style": self.layout_style,
-            "instructions": self.instructions,
-        }
+    def prompt_layout(self) -> LayoutSettings:
+        """How the run lays out its prompts: SFT, rollouts, evals and the export all take this one."""
+        return LayoutSettings(
+            block_size=self.block_size,
+            thinking=self.thinking,
+            style=self.layout_style,
+            instructions=self.instructions,
+            index_entry_tokens=self.index_entry_tokens,
+        )
 
     def validate(self):
         check(self.name, self.key("name"), "must be a non-empty string")
@@ -59,6 +64,7 @@ class RunSection(Section):
             self.key("layout_style"),
             f"must be one of {', '.join(LAYOUT_STYLES)}, got {self.layout_style!r}",
         )
+        self.at_least("index_entry_tokens", 0)
         ok = self.block_size > 0 and self.block_size % 16 == 0
         check(
             ok,

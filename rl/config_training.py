@@ -86,8 +86,8 @@ class SFTSection(Section):
         return SFTConfig(
             output_dir=output_dir, max_steps=self.max_steps, per_device_batch_size=self.per_device_batch_size,
             learning_rate=self.learning_rate, warmup_steps=self.warmup_steps, weight_decay=self.weight_decay,
-            lr_scheduler_type=self.lr_scheduler_type, logging_steps=self.logging_steps, seed=run.seed, block_size=run.block_size, thinking=run.thinking,
-            layout_style=run.layout_style, instructions=run.instructions, deepspeed=deepspeed,
+            lr_scheduler_type=self.lr_scheduler_type, logging_steps=self.logging_steps, seed=run.seed,
+            layout=run.prompt_layout(), deepspeed=deepspeed,
             copy_rows=self.copy_mix_rows, copy_from_step=self.copy_mix_from_step,
             copy_segment=self.copy_warmup_segment,
         )  # fmt: skip

@@ -21,6 +21,7 @@ import torch
 
 from data.prompts import gold_completion
 from rl.sft import DACollator, encode_sft_row
+from rollouts.protocol import DEFAULT_LAYOUT, LayoutSettings
 
 
 class CopyCheckFailed(RuntimeError):
@@ -66,18 +67,17 @@ def value_token_mask(completion: str, answers: Sequence[str], tokenizer) -> list
 
 @torch.no_grad()
 def check_copying(
-    model, tokenizer, examples: Sequence[Mapping], *, batch_size: int = 16, **layout
+    model, tokenizer, examples: Sequence[Mapping], layout: LayoutSettings = DEFAULT_LAYOUT, *, batch_size: int = 16
 ) -> CopyCheck | None:
-    """Teacher-force the gold traces of ``examples`` (laid out with ``layout``: :func:`~rl.sft.encode_sft_row`'s
-    keywords) under their DA masks; the loss and argmax accuracy of their value tokens (None when no trace
-    writes its answer verbatim)."""
+    """Teacher-force the gold traces of ``examples`` (laid out with ``layout``) under their DA masks; the loss
+    and argmax accuracy of their value tokens (None when no trace writes its answer verbatim)."""
     collator = DACollator(tokenizer, model.config._attn_implementation or "sdpa")
     was_training = model.training
     model.eval()
     nll, right, tokens = 0.0, 0, 0
     for i in range(0, len(examples), batch_size):
         part = examples[i : i + batch_size]
-        rows = [encode_sft_row(e, tokenizer, **layout) for e in part]
+        rows = [encode_sft_row(e, tokenizer, layout) for e in part]
         batch = collator(rows)
         labels = batch.pop("labels")  # [B, K]: column 0 is the last prompt row, 1.. the completion
         device = next(model.parameters()).device

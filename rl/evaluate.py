@@ -52,7 +52,7 @@ from rewards import RewardBreakdown, score_trajectories
 from rewards.config import DEFAULT_CONFIG, RewardConfig
 from rl.dashboard.records import MODES, bin_order, context_tokens, length_bin, predicted_modes
 from rollouts.engines.base import RolloutRequest
-from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS
+from rollouts.protocol import DEFAULT_LAYOUT, PROTOCOL_VERSION, PROTOCOL_VERSIONS, LayoutError, LayoutSettings
 from rollouts.trajectory import ROLLOUT_MODES, Trajectory
 
 Generate = Callable[[list[RolloutRequest]], list[Trajectory]]
@@ -266,21 +266,17 @@ def build_requests(
     examples: Iterable[Mapping],
     tokenizer,
     *,
+    layout: LayoutSettings = DEFAULT_LAYOUT,
     modes: Sequence[str] = ROLLOUT_MODES,
-    block_size: int = 32,
-    thinking: bool = False,
     max_tokens: int = 128,
-    layout_style: str = "auto",
-    instructions: bool = True,
     temperature: float = 0.0,
     samples: int = 1,
     seed: int = 0,
-    protocol_version: int = PROTOCOL_VERSION,
 ) -> list[RolloutRequest]:
     """``samples`` requests per example and mode (example-major, then mode): ``da`` and ``da-nm`` on the
     example's DA layout, ``vanilla`` on the same layout without the DA instructions; greedy at temperature
-    0, else sampled with seeds ``seed + i`` (``i``: the request's index). The layouts carry
-    ``protocol_version``, which the engines parse the completions with (a v1 export is read as v1)."""
+    0, else sampled with seeds ``seed + i`` (``i``: the request's index). The layouts carry ``layout``'s
+    protocol version, which the engines parse the completions with (a v1 export is read as v1)."""
     modes = parse_modes(modes)
     check_sampling(temperature, samples)
     if max_tokens < 1:
@@ -290,18 +286,15 @@ def build_requests(
         row = dict(example)
         layouts = {}
         for mode in modes:
-            with_instructions = instructions and mode != "vanilla"
+            with_instructions = layout.instructions and mode != "vanilla"
             if with_instructions not in layouts:
-                layout = layout_example(
-                    example, tokenizer, block_size=block_size, thinking=thinking, style=layout_style,
-                    instructions=with_instructions,
-                )  # fmt: skip
-                layouts[with_instructions] = replace(layout, protocol_version=protocol_version)
-            layout = layouts[with_instructions]
+                settings = replace(layout, instructions=with_instructions)
+                layouts[with_instructions] = layout_example(example, tokenizer, settings)
+            prompt = layouts[with_instructions]
             for _ in range(samples):
                 requests.append(
                     RolloutRequest(
-                        layout, mode, example=row, max_tokens=max_tokens, temperature=temperature,
+                        prompt, mode, example=row, max_tokens=max_tokens, temperature=temperature,
                         seed=(seed + len(requests)) % 2**31 if temperature > 0 else None,
                     )
                 )  # fmt: skip
@@ -344,13 +337,10 @@ def evaluate(
     generate: Generate,
     tokenizer,
     *,
+    layout: LayoutSettings = DEFAULT_LAYOUT,
     modes: Sequence[str] = ROLLOUT_MODES,
-    block_size: int = 32,
-    thinking: bool = False,
     max_tokens: int = 128,
     reward_config: RewardConfig | None = None,
-    layout_style: str = "auto",
-    instructions: bool = True,
     temperature: float = 0.0,
     samples: int = 1,
     seed: int = 0,
@@ -362,9 +352,8 @@ def evaluate(
     """
     modes = parse_modes(modes)
     requests = build_requests(
-        examples, tokenizer, modes=modes, block_size=block_size, thinking=thinking, max_tokens=max_tokens,
-        layout_style=layout_style, instructions=instructions, temperature=temperature, samples=samples,
-        seed=seed,
+        examples, tokenizer, layout=layout, modes=modes, max_tokens=max_tokens, temperature=temperature,
+        samples=samples, seed=seed,
     )  # fmt: skip
     return run_requests(requests, generate, modes=modes, reward_config=reward_config)
 
@@ -404,8 +393,6 @@ def eval_checkpoint(
         raise EvalError(f"--num-actors must be at least 1, got {num_actors}")
     info = read_heed_json(checkpoint)
     settings = layout_settings(checkpoint, info, block_size=block_size, thinking=thinking)
-    block_size, thinking = settings["block_size"], settings["thinking"]
-    protocol_version = settings["protocol_version"]
 
     rows = select_examples(load_split(data_dir, split), limit)
     if not rows:
@@ -415,17 +402,18 @@ def eval_checkpoint(
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     try:
         requests = build_requests(
-            rows, tokenizer, modes=modes, max_tokens=max_tokens, temperature=temperature, samples=samples,
-            seed=seed, **settings,
+            rows, tokenizer, layout=settings, modes=modes, max_tokens=max_tokens, temperature=temperature,
+            samples=samples, seed=seed,
         )  # fmt: skip
     except ValueError as err:  # a row that does not lay out (document longer than its chunk_tokens, ...)
         raise EvalError(str(err)) from None
     longest = max(r.layout.prompt_len for r in requests) + max_tokens
-    max_model_len = math.ceil(longest / block_size) * block_size
+    max_model_len = math.ceil(longest / settings.block_size) * settings.block_size
 
     report = _run_on_pool(
-        checkpoint, requests, modes, num_actors, block_size, max_model_len, dtype, kv_cache_gib, reward_config
-    )
+        checkpoint, requests, modes, num_actors, settings.block_size, max_model_len, dtype, kv_cache_gib,
+        reward_config,
+    )  # fmt: skip
     report.meta = {
         "checkpoint": str(checkpoint),
         "data": str(data_dir),
@@ -435,9 +423,7 @@ def eval_checkpoint(
         "temperature": temperature,
         "samples": samples,
         "seed": seed,
-        "block_size": block_size,
-        "thinking": thinking,
-        "protocol_version": protocol_version,
+        **settings.to_dict(),
         "source_step": (info or {}).get("source", {}).get("step"),
     }
     return report
@@ -445,12 +431,12 @@ def eval_checkpoint(
 
 def layout_settings(
     checkpoint: str | Path, info: dict | None, *, block_size: int | None = None, thinking: bool | None = None
-) -> dict:
-    """How prompts for ``checkpoint`` are laid out: :func:`build_requests`' ``block_size``, ``thinking``,
-    ``layout_style``, ``instructions`` and ``protocol_version``, from its ``heed.json`` (``info``, an export)
-    or, without one, the given values and the defaults (32, non-thinking, auto, instructions, the current
-    protocol). A value that contradicts ``heed.json`` is an error. ``heed eval`` and ``heed serve`` both
-    lay prompts out with these, so a served request reads what the eval of the same example read."""
+) -> LayoutSettings:
+    """How prompts for ``checkpoint`` are laid out, from its ``heed.json`` (``info``, an export: block size,
+    thinking, layout style, instructions, index entry size, protocol version) or, without one, the given
+    values and the defaults. A value that contradicts ``heed.json`` is an error. ``heed eval``, ``heed
+    serve`` and ``heed budgets`` all lay prompts out with these, so a served request reads what the eval
+    of the same example read."""
     protocol_version = PROTOCOL_VERSION
     if info is not None:
         protocol_version = info.get("protocol_version")
@@ -463,13 +449,18 @@ def layout_settings(
             if given is not None and given != info.get(name):
                 raise EvalError(f"{checkpoint}/heed.json says {name}={info.get(name)!r}; drop the flag")
         block_size, thinking = int(info["block_size"]), bool(info["thinking"])
-    return {
-        "block_size": 32 if block_size is None else block_size,
-        "thinking": bool(thinking),
-        "layout_style": info.get("layout_style", "auto") if info else "auto",
-        "instructions": bool(info.get("instructions", True)) if info else True,
-        "protocol_version": protocol_version,
-    }
+    info = info or {}
+    try:
+        return LayoutSettings(
+            block_size=32 if block_size is None else block_size,
+            thinking=bool(thinking),
+            style=info.get("layout_style", "auto"),
+            instructions=bool(info.get("instructions", True)),
+            index_entry_tokens=info.get("index_entry_tokens", 0),
+            protocol_version=protocol_version,
+        )
+    except LayoutError as err:
+        raise EvalError(f"{checkpoint}/heed.json: {err}") from None
 
 
 def write_eval_json(report: EvalReport, path: str | Path, step: int | None = None) -> Path:

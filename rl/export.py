@@ -24,8 +24,8 @@ What the export holds — a plain Hugging Face model folder, loadable with
   and leaves an explicit system message alone. The source template is kept as the named template
   ``"plain"`` (``additional_chat_templates/plain.jinja``; ``apply_chat_template(..., chat_template="plain")``);
 - ``heed.json``: what an engine needs to lay out DA prompts for this model (block size, thinking mode,
-  layout style, whether the prompts carry the protocol instructions,
-  protocol version, Selective Attention budgets when trained) and where it came from.
+  layout style, whether the prompts carry the protocol instructions, the index entry size (0: no
+  index), protocol version, Selective Attention budgets when trained) and where it came from.
 
 The export is written to a temporary folder beside ``out`` and renamed into place when complete, so a
 crash leaves no half export; a non-empty ``out`` is replaced only with ``overwrite``.
@@ -145,6 +145,7 @@ def export_checkpoint(
             "thinking": run["thinking"],
             "layout_style": run["layout_style"],
             "instructions": run["instructions"],
+            "index_entry_tokens": run["index_entry_tokens"],
             **({"selective_budgets": budgets} if budgets else {}),
             "source": {
                 "run_dir": str(run_dir.resolve()),
@@ -242,11 +243,15 @@ def _run_settings(run_dir: Path) -> dict:
             f"{path}: run.layout_style must be one of {', '.join(LAYOUT_STYLES)} and run.instructions true or false, "
             f"got {layout_style!r} and {instructions!r}"
         )
+    index_entry_tokens = run.get("index_entry_tokens", 0)
+    if type(index_entry_tokens) is not int or index_entry_tokens < 0:
+        raise ExportError(f"{path}: run.index_entry_tokens must be an integer >= 0, got {index_entry_tokens!r}")
     return {
         "block_size": block_size,
         "thinking": thinking,
         "layout_style": layout_style,
         "instructions": instructions,
+        "index_entry_tokens": index_entry_tokens,
         "selective_budgets": budgets,
     }
 

@@ -58,7 +58,7 @@ from rewards.config import RewardConfig
 from rl.logprobs import masked_completion_logps, shared_completion_logps
 from rollouts.engines.base import RolloutRequest
 from rollouts.masks import CompletionTrace, trace_completion
-from rollouts.protocol import PromptLayout, token_bytes_table
+from rollouts.protocol import DEFAULT_LAYOUT, LayoutSettings, PromptLayout, token_bytes_table
 from rollouts.trajectory import Trajectory
 from rollouts.weight_sync import SyncStats
 
@@ -124,15 +124,11 @@ class DARollout:
         examples: Mapping[str, Mapping],
         tokenizer,
         *,
-        block_size: int = 32,
-        thinking: bool = False,
-        layout_style: str = "auto",
-        instructions: bool = True,
+        layout: LayoutSettings = DEFAULT_LAYOUT,
         seed: int = 0,
     ):
         self.pool, self.examples, self.tokenizer = pool, examples, tokenizer
-        self.block_size, self.thinking, self.seed = block_size, thinking, seed
-        self.layout_style, self.instructions = layout_style, instructions
+        self.layout_settings, self.seed = layout, seed
         self.token_table = token_bytes_table(tokenizer)
         self._layouts: dict[str, PromptLayout] = {}
 
@@ -141,12 +137,7 @@ class DARollout:
             if example_id not in self.examples:
                 raise KeyError(f"prompt {example_id!r} is not an example id of the training data")
             self._layouts[example_id] = layout_example(
-                self.examples[example_id],
-                self.tokenizer,
-                block_size=self.block_size,
-                thinking=self.thinking,
-                style=self.layout_style,
-                instructions=self.instructions,
+                self.examples[example_id], self.tokenizer, self.layout_settings
             )
         return self._layouts[example_id]
 

@@ -20,7 +20,7 @@ pick the evidence chunk from gold traces, but copying the value needs denser tar
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import Trainer
@@ -31,23 +31,31 @@ from rl.copy_rows import IGNORE_INDEX, ValueCopyRows, with_copy_rows
 from rl.logprobs import pack
 from rl.selective.losses import forward_with_memory_loss
 from rollouts.masks import trace_completion
-from rollouts.protocol import PromptLayout, token_bytes_table
+from rollouts.protocol import (
+    DEFAULT_LAYOUT,
+    PROTOCOL_VERSION,
+    LayoutSettings,
+    PromptLayout,
+    token_bytes_table,
+)
 
 
-def encode_sft_row(example: Mapping, tokenizer, **layout) -> dict:
+def encode_sft_row(example: Mapping, tokenizer, layout: LayoutSettings = DEFAULT_LAYOUT) -> dict:
     """Schema row -> the token-level fields the collator needs (msgpack/arrow friendly).
 
-    ``layout``: :func:`~data.prompts.layout_example`'s keywords (``block_size``, ``thinking``, ``style``,
-    ``instructions``); the gold trace is taken in the matching (thinking or not) form.
+    ``layout``: how the run lays out prompts; the gold trace is taken in the matching (thinking or not)
+    form. The row keeps what :class:`DACollator` needs to rebuild the layout's visibility.
     """
-    prompt = layout_example(example, tokenizer, **layout)
+    prompt = layout_example(example, tokenizer, layout)
     gold = tokenizer(gold_completion(example, prompt.thinking), add_special_tokens=False)["input_ids"]
     return {
         "prompt_ids": list(prompt.input_ids),
         "chunk_spans": [list(s) for s in prompt.chunk_spans],
+        "index_span": list(prompt.index_span),
         "completion_ids": gold + [tokenizer.eos_token_id],
         "block_size": prompt.block_size,
         "thinking": prompt.thinking,
+        "protocol_version": prompt.protocol_version,
     }
 
 
@@ -70,6 +78,8 @@ class DACollator:
                 row["block_size"],
                 tuple(tuple(s) for s in row["chunk_spans"]),
                 bool(row["thinking"]),
+                protocol_version=row.get("protocol_version", PROTOCOL_VERSION),
+                index_span=tuple(row.get("index_span", ())),
             )
             completions.append(list(row["completion_ids"]))
             traces.append(trace_completion(layout, completions[-1], self._table))
@@ -113,10 +123,8 @@ class SFTConfig:
     weight_decay: float = 0.0
     logging_steps: int = 10
     seed: int = 0
-    block_size: int = 32  # KV block size the layouts are aligned to (engine's)
-    thinking: bool = False  # train the <think> form of the gold traces
-    layout_style: str = "auto"  # prompt layout (build_prompt's style): tool, plain or auto
-    instructions: bool = True  # protocol instructions in the system message
+    layout: LayoutSettings = field(default_factory=LayoutSettings)  # the run's prompt layout; thinking
+    # layouts train the <think> form of the gold traces
     deepspeed: str | None = (
         None  # path to a DeepSpeed config (configs/deepspeed/*.json), None for plain DDP/CPU
     )
@@ -127,7 +135,7 @@ class SFTConfig:
     copy_segment: int = 24  # tokens per segment of a copy row
 
     def __post_init__(self):
-        for name in ("max_steps", "per_device_batch_size", "logging_steps", "block_size"):
+        for name in ("max_steps", "per_device_batch_size", "logging_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SFTConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.learning_rate <= 0:
@@ -163,19 +171,7 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
     """Run the warm start; returns the HF ``Trainer`` (its ``state.log_history`` holds the losses)."""
     from datasets import Dataset
 
-    encoded = Dataset.from_list(
-        [
-            encode_sft_row(
-                r,
-                tokenizer,
-                block_size=config.block_size,
-                thinking=config.thinking,
-                style=config.layout_style,
-                instructions=config.instructions,
-            )
-            for r in train_rows
-        ]
-    )
+    encoded = Dataset.from_list([encode_sft_row(r, tokenizer, config.layout) for r in train_rows])
     args = training_arguments(config)
     memory = getattr(model.config, "selective_attention", False) and config.memory_eps > 0
     collator = DACollator(tokenizer, model.config._attn_implementation or "sdpa", padding_mask=memory)

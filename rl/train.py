@@ -295,10 +295,7 @@ class TrainRecipe:
             return
         split = "validation" if "validation" in self.data else cfg.data.eval_split
         examples = list(self.data[split].select(range(min(cfg.sft.copy_check_examples, len(self.data[split])))))
-        check = check_copying(
-            self.model, self.tokenizer, examples, block_size=cfg.run.block_size, thinking=cfg.run.thinking,
-            style=cfg.run.layout_style, instructions=cfg.run.instructions,
-        )  # fmt: skip
+        check = check_copying(self.model, self.tokenizer, examples, cfg.run.prompt_layout())
         if check is None:
             if self.ranks.is_main:
                 console.print(f"value copy: no gold trace of {split} writes its answer verbatim; not checked")
@@ -412,10 +409,8 @@ class TrainRecipe:
         funcs, weights = trl_reward_functions(cfg.rewards, decode_cost, token_bytes_table(self.tokenizer))
         args.reward_weights = weights
         rollout = DARollout(
-            self.pool, self.examples, self.tokenizer, block_size=cfg.run.block_size,
-            thinking=cfg.run.thinking, layout_style=cfg.run.layout_style, instructions=cfg.run.instructions,
-            seed=cfg.run.seed,
-        )  # fmt: skip
+            self.pool, self.examples, self.tokenizer, layout=cfg.run.prompt_layout(), seed=cfg.run.seed
+        )
         trainer = HeedGRPOTrainer(
             model=self.model,
             args=args,
@@ -496,10 +491,7 @@ class TrainRecipe:
                 self.pool.generate,
                 self.tokenizer,
                 modes=modes,
-                block_size=cfg.run.block_size,
-                thinking=cfg.run.thinking,
-                layout_style=cfg.run.layout_style,
-                instructions=cfg.run.instructions,
+                layout=cfg.run.prompt_layout(),
                 max_tokens=cfg.eval.max_tokens,
                 reward_config=cfg.rewards,
                 temperature=temperature,

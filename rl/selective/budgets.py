@@ -111,13 +111,13 @@ def search_policy_budgets(
     return greedy_budget_search(loss, model.config.num_hidden_layers, context, full * (1 + tolerance), step)
 
 
-def gold_batches(tokenizer, rows, layout: dict, batch_size: int = 4) -> list[dict]:
+def gold_batches(tokenizer, rows, layout, batch_size: int = 4) -> list[dict]:
     """The gold traces of data ``rows`` as :class:`rl.sft.DACollator` batches (with ``padding_mask``), the
     input of :func:`rl.selective.losses.completion_loss_under_budgets`."""
     from rl.sft import DACollator, encode_sft_row
     from rollouts.selective.constants import SELECTIVE
 
-    rows = [encode_sft_row(row, tokenizer, **layout) for row in rows]
+    rows = [encode_sft_row(row, tokenizer, layout) for row in rows]
     if not rows:
         raise ValueError("the budget search got no examples")
     collate = DACollator(tokenizer, SELECTIVE, padding_mask=True)
@@ -167,7 +167,7 @@ def search_export_budgets(
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl.evaluate import load_split
+    from rl.evaluate import layout_settings, load_split
     from rl.export import HEED_JSON, read_heed_json
     from rollouts.selective.attention import SELECTIVE, register_selective_attention
     from rollouts.selective.eviction import save_budgets
@@ -184,12 +184,7 @@ def search_export_budgets(
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     register_selective_attention()  # the search replays budgets, which run on the dense kernel anyway
     model = AutoModelForCausalLM.from_pretrained(export_dir, attn_implementation=SELECTIVE).eval()
-    layout = {
-        "block_size": info["block_size"],
-        "thinking": info["thinking"],
-        "style": info.get("layout_style", "auto"),
-        "instructions": info.get("instructions", True),
-    }
+    layout = layout_settings(export_dir, info)
     rows = load_split(data_dir, split)[:examples]
     if not rows:
         raise ValueError(f"{data_dir} split {split!r} holds no examples")

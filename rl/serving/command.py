@@ -63,10 +63,10 @@ def vllm_argv(export: str | Path, user_args: Sequence[str], *, on_cpu: bool) -> 
     config = json.loads((Path(export) / "config.json").read_text())
     ours: list[tuple[str, ...]] = [
         ("--model", str(export)),
-        ("--block-size", str(settings["block_size"])),
+        ("--block-size", str(settings.block_size)),
         ("--no-async-scheduling",),
         ("--host", LOOPBACK),
-        ("--default-chat-template-kwargs", json.dumps({"enable_thinking": settings["thinking"]})),
+        ("--default-chat-template-kwargs", json.dumps({"enable_thinking": settings.thinking})),
     ]
     if on_cpu:
         ours += [("--dtype", "float32"), ("--enforce-eager",), ("--no-enable-chunked-prefill",)]
@@ -79,9 +79,9 @@ def vllm_argv(export: str | Path, user_args: Sequence[str], *, on_cpu: bool) -> 
 def check_args(args, export: str | Path) -> None:
     """Refuse parsed vLLM arguments the export cannot be served under (``ServeError``)."""
     settings = export_settings(export)
-    if args.block_size != settings["block_size"]:
+    if args.block_size != settings.block_size:
         raise ServeError(
-            f"{export}/heed.json says block_size={settings['block_size']} (the layouts are aligned to it); "
+            f"{export}/heed.json says block_size={settings.block_size} (the layouts are aligned to it); "
             f"drop --block-size {args.block_size}"
         )
     if args.async_scheduling:

@@ -31,13 +31,12 @@ also with a 400.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from data.prompts import DEFAULT_CHUNK_TOKENS
 from rollouts.engines.da_args import LAYOUT_KEY, MODE_KEY, da_extra_args, read_da_args
-from rollouts.protocol.layout import LayoutError, PromptLayout
+from rollouts.protocol.layout import LayoutError, LayoutSettings, PromptLayout
 from rollouts.trajectory import ROLLOUT_MODES
 
 QUESTION_KEY = "heed_question"
@@ -62,7 +61,7 @@ class DARequest:
 
 
 def da_request(
-    body: Any, tokenizer, settings: Mapping[str, Any], max_model_len: int | None = None
+    body: Any, tokenizer, settings: LayoutSettings, max_model_len: int | None = None
 ) -> DARequest | None:
     """The DA request ``body`` asks for, ``None`` if it is not one (or is vLLM's to refuse).
 
@@ -94,10 +93,10 @@ def _server_side_layout(body: dict, xargs: dict, tokenizer, settings, max_model_
         documents = _json_list(documents) if documents.lstrip().startswith("[") else [documents]
     if not isinstance(documents, list) or not documents:
         raise ServeRequestError(f"vllm_xargs.{DOCUMENTS_KEY} must be a non-empty list of strings")
-    if max_model_len is not None and len(documents) > max_model_len // settings["block_size"]:
+    if max_model_len is not None and len(documents) > max_model_len // settings.block_size:
         raise ServeRequestError(
             f"{len(documents)} documents cannot fit a {max_model_len}-token context: each takes at least one "
-            f"{settings['block_size']}-token KV block"
+            f"{settings.block_size}-token KV block"
         )
     mode = xargs.get(MODE_KEY, "da")
     if mode not in ROLLOUT_MODES:
@@ -116,7 +115,7 @@ def _server_side_layout(body: dict, xargs: dict, tokenizer, settings, max_model_
             raise ServeRequestError(f"vllm_xargs.{CHUNK_TOKENS_KEY} must be a positive integer")
         example["chunk_tokens"] = chunk_tokens
     try:
-        (request,) = build_requests([example], tokenizer, modes=(mode,), max_tokens=1, **settings)
+        (request,) = build_requests([example], tokenizer, layout=settings, modes=(mode,), max_tokens=1)
     except (LayoutError, TypeError) as err:  # documents of the wrong type, empty ones
         raise ServeRequestError(f"the documents cannot be laid out: {err}") from None
     except ValueError as err:  # a document longer than chunk_tokens (data.prompts.layout_example)

@@ -1,7 +1,7 @@
 """The DA protocol: prompt layout, the streaming tag parser and its mode states."""
 
 from .instructions import PROTOCOL_VERSION, PROTOCOL_VERSIONS, system_instructions
-from .layout import LayoutError, PromptLayout, build_prompt
+from .layout import DEFAULT_LAYOUT, LayoutError, LayoutSettings, PromptLayout, build_prompt
 from .neutralize import neutralize
 from .parser import (
     GLOBAL_STATE,
@@ -20,6 +20,7 @@ from .parser import (
 from .tokens import TokenTextStream, token_bytes_table
 
 __all__ = [
+    "DEFAULT_LAYOUT",
     "GLOBAL_STATE",
     "INDEX_STATE",
     "LOCAL_STATE",
@@ -28,6 +29,7 @@ __all__ = [
     "PROTOCOL_VERSIONS",
     "VIOLATION_KINDS",
     "LayoutError",
+    "LayoutSettings",
     "ModeState",
     "ParsedCompletion",
     "PromptLayout",

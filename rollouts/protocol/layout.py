@@ -230,6 +230,57 @@ class PromptLayout:
 # -- building -------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LayoutSettings:
+    """How prompts are laid out: :func:`build_prompt`'s settings as one object. A run's SFT, rollouts and
+    evals, its export's ``heed.json``, ``heed eval`` and ``heed serve`` lay prompts out from the same one,
+    so a served request reads what training read.
+
+    >>> LayoutSettings(style="compact", index_entry_tokens=10).to_dict()["index_entry_tokens"]
+    10
+    """
+
+    block_size: int = 32  # KV block size of the engine (vLLM's CPU attention needs a multiple of 32)
+    thinking: bool = False  # thinking-mode instructions and the template's thinking switch
+    style: str = "auto"  # tool, plain, compact or auto (build_prompt)
+    instructions: bool = True  # the protocol instructions in the system message
+    index_entry_tokens: int = 0  # an index of the chunks with entries of this many tokens; 0: none
+    protocol_version: int = PROTOCOL_VERSION  # what completions of these prompts are parsed with
+
+    def __post_init__(self):
+        if self.style not in LAYOUT_STYLES:
+            raise LayoutError(f"style must be one of {LAYOUT_STYLES}, got {self.style!r}")
+        if type(self.block_size) is not int or self.block_size < 1:
+            raise LayoutError(f"block_size must be a positive integer, got {self.block_size!r}")
+        if type(self.index_entry_tokens) is not int or self.index_entry_tokens < 0:
+            raise LayoutError(f"index_entry_tokens must be an integer >= 0, got {self.index_entry_tokens!r}")
+        if type(self.protocol_version) is not int or self.protocol_version not in PROTOCOL_VERSIONS:
+            raise LayoutError(
+                f"DA protocol version {self.protocol_version!r} is not supported (this Heed reads {PROTOCOL_VERSIONS})"
+            )
+        if self.index_entry_tokens and self.protocol_version < 3:
+            raise LayoutError(f"an index needs DA protocol version 3 or later, got version {self.protocol_version}")
+
+    def build(self, question: str, context: str | Sequence[str], tokenizer, *, chunk_tokens: int = 2048):
+        """:func:`build_prompt` under these settings."""
+        return build_prompt(question, context, tokenizer, chunk_tokens=chunk_tokens, **self.to_dict())
+
+    def to_dict(self) -> dict:
+        """:func:`build_prompt`'s keyword arguments."""
+        return {
+            "block_size": self.block_size,
+            "thinking": self.thinking,
+            "style": self.style,
+            "instructions": self.instructions,
+            "index_entry_tokens": self.index_entry_tokens,
+            "protocol_version": self.protocol_version,
+        }
+
+
+DEFAULT_LAYOUT = LayoutSettings()  # build_prompt's defaults (frozen: safe as a default argument)
+
+
+
 def build_prompt(
     question: str,
     context: str | Sequence[str],

@@ -279,8 +279,8 @@ def test_sft_section_to_sft_config():
         float(raw["learning_rate"]),
         raw["warmup_steps"],
     )
-    assert (sft.layout_style, sft.instructions) == (config.run.layout_style, config.run.instructions)
-    assert (sft.seed, sft.block_size, sft.thinking, sft.output_dir, sft.deepspeed) == (
+    assert (sft.layout.style, sft.layout.instructions) == (config.run.layout_style, config.run.instructions)
+    assert (sft.seed, sft.layout.block_size, sft.layout.thinking, sft.output_dir, sft.deepspeed) == (
         7,
         32,
         True,
@@ -403,3 +403,16 @@ def test_selective_config_runs_its_rollouts_on_vllm():
     )
     assert searching.selective.search_split == "validation" != searching.data.eval_split
     assert load_run_config(None).rollout_engine == "vllm"
+
+
+def test_the_index_config_lays_every_prompt_out_with_its_index():
+    config = load_run_config("configs/tiny-index.yaml", [])
+    raw = yaml.safe_load(Path("configs/tiny-index.yaml").read_text())  # the file, read directly
+    layout = config.run.prompt_layout()
+    assert layout.index_entry_tokens == raw["run"]["index_entry_tokens"] > 0
+    assert config.sft.to_sft_config(config.run, "runs/x/sft", None).layout == layout
+    assert config.data.data_config().trace_navigation == raw["data"]["build"]["trace_navigation"] == "mixed"
+    with pytest.raises(ConfigError, match=r"run\.index_entry_tokens"):
+        load_run_config("configs/tiny-index.yaml", ["run.index_entry_tokens=0"])
+    with pytest.raises(ConfigError, match=r"run\.index_entry_tokens"):
+        load_run_config("configs/tiny.yaml", ["run.index_entry_tokens=-1"])

@@ -41,8 +41,8 @@ def test_value_tokens_spell_every_occurrence_of_the_answers(tokenizer):
 def test_loss_is_the_trainers_log_prob_of_the_value_tokens(tokenizer, token_table, small_model):
     """Recomputed with the trainer's own log-prob forward (rl.logprobs), not the check's label shift."""
     examples = acme_rows(3)
-    check = check_copying(small_model, tokenizer, examples, batch_size=2, block_size=32)
-    rows = [encode_sft_row(e, tokenizer, block_size=32) for e in examples]
+    check = check_copying(small_model, tokenizer, examples, batch_size=2)
+    rows = [encode_sft_row(e, tokenizer) for e in examples]
     traces = [
         trace_completion(
             PromptLayout(tuple(r["prompt_ids"]), 32, tuple(map(tuple, r["chunk_spans"]))),

@@ -10,6 +10,7 @@ from rl.copy_rows import COPY_CUES, ValueCopyRows, copy_accuracy, ordinary_token
 from rl.copy_warmup import train_copy_warmup
 from rl.model import build_tiny_model
 from rl.sft import IGNORE_INDEX, SFTConfig
+from rollouts.protocol import LayoutSettings
 
 NOISE, VALUES, CUES = torch.arange(10, 50), torch.arange(100, 110), torch.tensor([7, 8])
 
@@ -124,7 +125,7 @@ def test_copy_rows_join_the_sft_loss_from_their_step(tokenizer, tmp_path):
     model = build_tiny_model(tokenizer)
     config = SFTConfig(
         output_dir=str(tmp_path), max_steps=4, per_device_batch_size=2, warmup_steps=0, logging_steps=1,
-        layout_style="compact", instructions=False, copy_rows=3, copy_from_step=2,
+        layout=LayoutSettings(style="compact", instructions=False), copy_rows=3, copy_from_step=2,
     )  # fmt: skip
     history = [h for h in train_sft(model, tokenizer, rows, config).state.log_history if "loss" in h]
     assert [h["step"] for h in history] == [1, 2, 3, 4]

@@ -15,6 +15,7 @@ from rl.cli import main
 from rl.evaluate import ALL, EvalError, build_requests, evaluate, parse_modes, select_examples
 from rollouts.engines.base import build_trajectory
 from rollouts.masks import VisibilityTracker, kv_tokens_read
+from rollouts.protocol import LayoutSettings
 
 BLOCK_SIZE = 32
 TASKS = ("niah_single", "variable_tracking")
@@ -95,7 +96,7 @@ def scripted_report(rows, tokenizer, token_table):
         "length",
     )
     generate.script = script
-    report = evaluate(rows, generate, tokenizer, block_size=BLOCK_SIZE, max_tokens=512)
+    report = evaluate(rows, generate, tokenizer, layout=LayoutSettings(block_size=BLOCK_SIZE), max_tokens=512)
     return report, generate
 
 
@@ -265,13 +266,13 @@ def test_vanilla_prompt_drops_the_da_instructions(rows, tokenizer):
     da-nm share the DA prompt (the mask is the only difference between them)."""
     from rollouts.protocol.instructions import system_instructions
 
-    requests = build_requests(rows[:1], tokenizer, instructions=True)
+    requests = build_requests(rows[:1], tokenizer, layout=LayoutSettings(instructions=True))
     prompts = {r.mode: tokenizer.decode(r.layout.input_ids) for r in requests}
     rule = "<focus magic_chunks="  # a line of the instructions, never in a question or document
     assert rule in system_instructions() and rule in prompts["da"]
     assert prompts["da-nm"] == prompts["da"]
     assert rule not in prompts["vanilla"] and rows[0]["question"] in prompts["vanilla"]
-    plain = build_requests(rows[:1], tokenizer, instructions=False)
+    plain = build_requests(rows[:1], tokenizer, layout=LayoutSettings(instructions=False))
     assert len({tokenizer.decode(r.layout.input_ids) for r in plain}) == 1  # no instructions: one prompt
 
 
@@ -336,7 +337,7 @@ def test_selective_attention_eviction_counts_in_the_kv_reads(rows, tokenizer, to
             t.kv_tokens_per_layer = np.minimum(t.trace.kv_tokens_vanilla[:, None], budgets)
         return out
 
-    report = evaluate(rows, evicting, tokenizer, block_size=BLOCK_SIZE, max_tokens=512)
+    report = evaluate(rows, evicting, tokenizer, layout=LayoutSettings(block_size=BLOCK_SIZE), max_tokens=512)
     assert {row.mode for row in report.rows} == {"da", "da-nm", "vanilla"}
     for row in report.rows:
         steps = sum(len(gold.gold_ids(e)) for e in rows if e["task"] == row.task)
@@ -389,3 +390,18 @@ def test_the_ruler_column_sits_beside_the_rewards_accuracy(scripted_report):
     for row in [*report.rows, *report.summaries]:
         assert 0.0 <= row.accuracy <= row.accuracy_ruler <= 1.0  # strict never pays more than RULER
     assert "RULER acc." in [c.header for c in report.to_table().columns]
+
+
+def test_layout_settings_come_from_heed_json(tmp_path):
+    from rl.evaluate import layout_settings
+
+    info = {"protocol_version": 3, "block_size": 64, "thinking": True, "layout_style": "compact",
+            "instructions": False, "index_entry_tokens": 12}  # fmt: skip
+    assert layout_settings(tmp_path, info) == LayoutSettings(
+        block_size=64, thinking=True, style="compact", instructions=False, index_entry_tokens=12
+    )
+    assert layout_settings(tmp_path, None) == LayoutSettings()  # no heed.json: the defaults
+    with pytest.raises(EvalError, match="version 3"):  # an index the export's protocol cannot read
+        layout_settings(tmp_path, {**info, "protocol_version": 2})
+    with pytest.raises(EvalError, match="block_size=64; drop the flag"):
+        layout_settings(tmp_path, info, block_size=32)

@@ -15,7 +15,7 @@ import yaml
 
 from rl.cli import main
 from rl.export import COMPLETE_MARKER, ExportError, export_checkpoint, read_heed_json
-from rollouts.protocol import PROTOCOL_VERSION, system_instructions
+from rollouts.protocol import PROTOCOL_VERSION, LayoutSettings, system_instructions
 from tests.rollouts.conftest import save_tiny_qwen3
 
 BLOCK_SIZE = 32
@@ -129,6 +129,7 @@ def test_export_is_the_same_model_with_heed_json_and_no_pickles(tmp_path, polici
         "thinking": True,
         "layout_style": "auto",  # absent from the run config: the defaults
         "instructions": True,
+        "index_entry_tokens": 0,
         "selective_budgets": [64, 96, 128, 256],
         "source": {"run_dir": str(run.resolve()), "checkpoint": "checkpoints/checkpoint-5", "step": 5},
         "heed_version": metadata.version("heed-rl"),
@@ -184,8 +185,8 @@ def test_chat_template_inserts_da_instructions_only_without_a_system_message(
         "documents": ["A quiet river. " * 8, "The old mill. " * 9],
         "chunk_tokens": 64,
     }
-    kwargs = {"block_size": BLOCK_SIZE, "thinking": thinking}
-    assert layout_example(row, exported, **kwargs) == layout_example(row, tokenizer, **kwargs)
+    settings = LayoutSettings(block_size=BLOCK_SIZE, thinking=thinking)
+    assert layout_example(row, exported, settings) == layout_example(row, tokenizer, settings)
 
 
 def test_non_empty_out_is_refused_unless_overwrite(tmp_path, policies):

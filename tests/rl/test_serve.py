@@ -163,7 +163,7 @@ def _oracle(export: Path, rows, tokenizer):
     settings = layout_settings(export, read_heed_json(export))
     by_key = {}
     for i, row in enumerate(rows):
-        for request in build_requests([row], tokenizer, max_tokens=FREE_TOKENS, **settings):
+        for request in build_requests([row], tokenizer, layout=settings, max_tokens=FREE_TOKENS):
             by_key[(i, request.mode)] = request
     requests = []
     for i, mode, forced in CASES:

@@ -3,13 +3,14 @@
 import pytest
 import torch
 
+from data.prompts import layout_example
 from rl.demo import acme_example
 from rl.demo import gold_completion as acme_gold
 from rl.logprobs import completion_logprobs, pack
 from rl.model import TinyModelConfig, build_tiny_model
 from rl.sft import IGNORE_INDEX, DACollator, SFTConfig, encode_sft_row, train_sft
 from rollouts.masks import trace_completion
-from rollouts.protocol import PromptLayout
+from rollouts.protocol import LayoutSettings, PromptLayout, token_bytes_table
 
 
 def acme_rows(n: int) -> list[dict]:
@@ -27,7 +28,7 @@ def acme_rows(n: int) -> list[dict]:
 
 
 def test_collator_labels_completion_only(tokenizer):
-    rows = [encode_sft_row(r, tokenizer, block_size=32) for r in acme_rows(2)]
+    rows = [encode_sft_row(r, tokenizer) for r in acme_rows(2)]
     batch = DACollator(tokenizer)(rows)
     width = max(len(r["prompt_ids"]) for r in rows)
     seq_len = batch["input_ids"].shape[1]
@@ -43,6 +44,33 @@ def test_collator_labels_completion_only(tokenizer):
         assert (labels[1 + n :] == IGNORE_INDEX).all()
         assert row["completion_ids"][-1] == tokenizer.eos_token_id
     assert batch["attention_mask"].shape == (2, 1, batch["input_ids"].shape[1], batch["input_ids"].shape[1])
+
+
+def test_rows_of_an_index_layout_train_under_the_index_mask(tokenizer):
+    """The encoded row keeps the index region: a gold token written in index mode sees the index and no
+    chunk, one written in focus sees its chunk and not the index (read off the layout's spans by hand)."""
+    row = acme_rows(1)[0]
+    row["gold_completion"] = row["gold_completion"].replace("global>", "index>")
+    settings = LayoutSettings(index_entry_tokens=16)
+    layout = layout_example(row, tokenizer, settings)
+    encoded = encode_sft_row(row, tokenizer, settings)
+    assert tuple(encoded["index_span"]) == layout.index_span and encoded["protocol_version"] == 3
+    mask = DACollator(tokenizer)([encoded])["attention_mask"][0, 0]  # [T, T] bool, no left padding
+    trace = trace_completion(layout, encoded["completion_ids"], token_bytes_table(tokenizer))
+    seen = set()
+    for j, state in enumerate(trace.row_state):
+        mode = trace.states[state].mode
+        row_keys = mask[layout.prompt_len + j]
+        index_read = row_keys[slice(*layout.index_span)]
+        chunk_read = [row_keys[s:e] for s, e in layout.chunk_spans]
+        if mode == "index":
+            assert index_read.all() and not any(c.any() for c in chunk_read), j
+        elif mode == "focus":
+            visible = trace.states[state].chunks
+            assert not index_read.any(), j
+            assert [c.all() for c in chunk_read] == [i in visible for i in range(1, layout.num_chunks + 1)], j
+        seen.add(mode)
+    assert {"index", "focus"} <= seen
 
 
 def test_layout_mismatch_is_an_error(tokenizer):
@@ -92,7 +120,7 @@ def test_selective_model_sft_adds_the_memory_loss(tokenizer, selective_attention
     from rl.sft import MemoryLossTrainer
     from rollouts.selective.attention import SELECTIVE
 
-    rows = [encode_sft_row(r, tokenizer, block_size=32) for r in acme_rows(2)]
+    rows = [encode_sft_row(r, tokenizer) for r in acme_rows(2)]
     batch = DACollator(tokenizer, SELECTIVE, padding_mask=True)(rows)
     width = max(len(r["prompt_ids"]) for r in rows)
     for b, row in enumerate(rows):  # real tokens: the prompt right-aligned at `width`, then the completion
@@ -122,7 +150,7 @@ def test_completion_loss_under_budgets(tokenizer, selective_attention):
     from rl.selective.losses import completion_loss_under_budgets
     from rollouts.selective.attention import SELECTIVE
 
-    rows = [encode_sft_row(r, tokenizer, block_size=32) for r in acme_rows(2)]
+    rows = [encode_sft_row(r, tokenizer) for r in acme_rows(2)]
     batch = DACollator(tokenizer, SELECTIVE, padding_mask=True)(rows)
     model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                                         num_key_value_heads=1, intermediate_size=128))  # fmt: skip
