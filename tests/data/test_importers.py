@@ -53,6 +53,19 @@ def test_ruler_niah_splits_prompt_into_instruction_context_question_and_finds_th
         assert parsed.focused_chunks == tuple(holding)
 
 
+def test_imported_rows_get_the_same_index_as_generated_ones(load, tokenizer):
+    """The index is built from the laid-out chunks, so an imported RULER needle row gets one entry per
+    chunk, and the needle's chunk's entry holds the needle's value (it is the chunk's key-value sentence)."""
+    from data.prompts import layout_example
+    from rollouts.protocol import LayoutSettings
+
+    example = load("ruler", "ruler/niah_single_1/validation.jsonl")[0]
+    layout = layout_example(example.to_row(), tokenizer, LayoutSettings(index_entry_tokens=48))
+    assert layout.has_index and len(layout.index_texts) == layout.num_chunks
+    (needle_chunk,) = example.evidence_chunks
+    assert example.answers[0] in layout.index_texts[needle_chunk - 1]
+
+
 def test_ruler_variable_tracking_evidence_is_every_chunk_of_the_chain(load, tokenizer):
     (example,) = load("ruler", "ruler/vt/validation.jsonl")
     layout = check_layout(example, tokenizer)
