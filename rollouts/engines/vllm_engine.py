@@ -9,7 +9,7 @@ handed; the first entry is the prefill's, ``prompt_len``). It must equal the tra
 ``wall_time_s`` is the batch's wall time (its requests decode concurrently).
 
 The engine is built with what the DA mask needs (``async_scheduling=False``; eager or piecewise
-graphs); :func:`~rollouts.engines.vllm_plugin.engine_problems` is checked at construction, so a
+graphs); :func:`~rollouts.engines.vllm_admission.engine_problems` is checked at construction, so a
 misconfigured engine fails before the first rollout rather than on it.
 """
 
@@ -27,7 +27,8 @@ from rollouts.trajectory import Trajectory
 
 from .base import RolloutRequest, build_trajectory
 from .da_args import TRACKED_MODES, da_request
-from .vllm_plugin import engine_problems, register
+from .vllm_admission import engine_problems
+from .vllm_plugin import register
 from .vllm_selective import SA_KEY, is_selective
 
 

@@ -167,7 +167,7 @@ def test_masked_kv_is_never_served_to_other_requests(vllm_engine, reference_engi
     # layout-derived cache salt it recomputes (or hits causal KV); without it, it would hit the masked
     # blocks — the control below shows this test would catch that.
     from rollouts.engines import da_args as da_args_module
-    from rollouts.engines import vllm_plugin
+    from rollouts.engines import vllm_admission
     from rollouts.protocol import PromptLayout
 
     gold = acme.gold_ids
@@ -184,7 +184,7 @@ def test_masked_kv_is_never_served_to_other_requests(vllm_engine, reference_engi
 
     assert abs(last_token_logprob_after(da) - want.logprobs[0]) <= TOLERANCE
 
-    monkeypatch.setattr(vllm_plugin, "da_cache_salt", lambda spec: None)
+    monkeypatch.setattr(vllm_admission, "da_cache_salt", lambda spec: None)
     monkeypatch.setattr(da_args_module, "da_cache_salt", lambda spec: None)
     try:
         assert abs(last_token_logprob_after(da) - want.logprobs[0]) > 1e-3

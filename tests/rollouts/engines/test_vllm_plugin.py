@@ -21,16 +21,10 @@ from vllm.exceptions import VLLMValidationError
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
-from rollouts.engines import vllm_plugin
+from rollouts.engines import vllm_hooks
 from rollouts.engines.da_args import da_cache_salt, da_extra_args, read_da_args
-from rollouts.engines.vllm_plugin import (
-    DAMaskLost,
-    DAUnsupported,
-    DAWorkerState,
-    admit_request,
-    engine_problems,
-    runner_problems,
-)
+from rollouts.engines.vllm_admission import admit_request, engine_problems
+from rollouts.engines.vllm_da_worker import DAMaskLost, DAUnsupported, DAWorkerState, runner_problems
 from rollouts.protocol import PromptLayout
 
 BS = 32
@@ -90,11 +84,11 @@ class FakeRunner:
         self.block_table = table
         state = DAWorkerState()
         state._token_table = token_table
-        setattr(self, vllm_plugin._STATE_ATTR, state)
+        setattr(self, vllm_hooks._STATE_ATTR, state)
 
     @property
     def state(self) -> DAWorkerState:
-        return getattr(self, vllm_plugin._STATE_ATTR)
+        return getattr(self, vllm_hooks._STATE_ATTR)
 
 
 def common_metadata(runner, seq_lens):
@@ -157,11 +151,9 @@ def test_hooks_pass_through_without_da(token_table):
     assert runner.state.pending is None
     cm = common_metadata(runner, [61])
     seen = []
-    vllm_plugin._build_attention_metadata(
-        lambda r, **kw: seen.append(vllm_plugin._ACTIVE_REWRITE.get()), runner
-    )
+    vllm_hooks.build_attention_metadata(lambda r, **kw: seen.append(vllm_hooks._ACTIVE_REWRITE.get()), runner)
     assert seen == [None]
-    assert vllm_plugin._build_metadata(lambda group, c: c, None, cm) is cm
+    assert vllm_hooks.build_metadata(lambda group, c: c, None, cm) is cm
 
 
 def test_rewrite_scoped_to_real_steps(batch):
@@ -171,13 +163,13 @@ def test_rewrite_scoped_to_real_steps(batch):
     built = []
 
     def original(runner, **kwargs):
-        built.append(vllm_plugin._build_metadata(lambda group, c: c, None, cm))
+        built.append(vllm_hooks.build_metadata(lambda group, c: c, None, cm))
 
-    vllm_plugin._build_attention_metadata(original, batch, for_cudagraph_capture=True)
+    vllm_hooks.build_attention_metadata(original, batch, for_cudagraph_capture=True)
     assert built[-1] is cm and batch.state.pending is not None
-    vllm_plugin._build_attention_metadata(original, batch)
+    vllm_hooks.build_attention_metadata(original, batch)
     assert built[-1].seq_lens[0] == 73 and batch.state.pending is None
-    assert vllm_plugin._ACTIVE_REWRITE.get() is None
+    assert vllm_hooks._ACTIVE_REWRITE.get() is None
 
 
 def test_reprefill_over_generated_tokens_is_refused_for_masked_requests(token_table):
