@@ -6,7 +6,8 @@
   ``1 - attended / vanilla`` and the reward's ``1 - attended / budget`` (writing more never raises it).
 - ``compliance``: protocol compliance and evidence coverage from the parser's result.
 - ``composite``: the weighted, gated total with every component and counted reasons, over
-  trajectories; ``config``: its documented, validated configuration.
+  trajectories; ``config``: its documented, validated configuration, every setting declared once
+  (``settings``: default, help and range on one field; the roofline's and the graders' by their owners).
 - ``trl_rewards``: the same as TRL reward functions (``prompts, completions, **columns``).
 """
 

@@ -62,6 +62,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
+from .settings import at_least, setting
+
 METRICS = ("string_match_all", "string_match_part", "exact", "f1", "numeric", "math")
 
 
@@ -82,14 +84,40 @@ class Grade(NamedTuple):
 
 @dataclass(frozen=True)
 class GraderOptions:
-    """Knobs of the graders (``RewardConfig`` documents each one)."""
+    """Knobs of the graders, each declared here once: default, help and range (:mod:`rewards.settings`).
+    ``RewardConfig`` exposes them as keys of the ``rewards:`` section (``length_factor`` as
+    ``answer_length_factor``, ``length_slack`` as ``answer_length_slack``, ``strict`` as
+    ``strict_string_match``) and checks what a run config gives them."""
 
-    numeric_rel_tol: float = 1e-6
-    numeric_abs_tol: float = 1e-9
-    length_factor: float = 4.0
-    length_slack: int = 32
-    math_timeout_s: int = 5
-    strict: bool = True  # string_match_*: an answer holding a candidate that is not a reference scores 0
+    numeric_rel_tol: float = setting(
+        1e-6, "Numeric grader: relative tolerance of math.isclose (>= 0).", at_least(0)
+    )
+    numeric_abs_tol: float = setting(
+        1e-9, "Numeric grader: absolute tolerance of math.isclose (>= 0).", at_least(0)
+    )
+    length_factor: float = setting(
+        4.0,
+        "Length guard (every grader): an answer longer than this factor x the reference length, plus the "
+        "length slack in characters, scores 0, so stuffing candidates into one answer cannot win "
+        "substring matches (>= 1).",
+        at_least(1),
+    )
+    length_slack: int = setting(
+        32, "Length guard: characters allowed on top of the scaled reference (>= 0).", at_least(0)
+    )
+    math_timeout_s: int = setting(
+        5,
+        "math-verify time limit per parse/compare in seconds (main thread only; 0 disables it).",
+        at_least(0),
+    )
+    strict: bool = setting(
+        True,
+        "string_match_all / string_match_part pay precision too: an answer holding a candidate that is not "
+        "a reference (a number when the references are numbers, an upper-case identifier when they are "
+        "variable names) scores 0 (reason accuracy/extra_candidates); see rewards/accuracy.py. false: "
+        "RULER's recall-only match. Evals report RULER's own metric beside the reward's accuracy either way "
+        "(accuracy_ruler).",
+    )
 
     def ruler(self) -> GraderOptions:
         """These options without the reward's guards (precision, length): RULER's own metric."""

@@ -49,17 +49,34 @@ import numpy as np
 from rollouts.masks import KVShape, causal_kv_tokens
 from rollouts.trajectory import Trajectory
 
+from .settings import above, setting, within
+
 EFFICIENCY_UNITS = ("tokens", "bytes", "time")
 
 
 @dataclass(frozen=True)
 class Roofline:
-    """An accelerator and how well decoding uses it (defaults: the paper's B200, MFU 40 %, MBU 70 %)."""
+    """An accelerator and how well decoding uses it (defaults: the paper's B200, MFU 40 %, MBU 70 %).
 
-    hbm_bandwidth: float = 8e12  # bytes/s
-    peak_flops: float = 2.25e15  # dense bf16 FLOP/s
-    mfu: float = 0.4
-    mbu: float = 0.7
+    Each field is declared here once: default, help and range (:mod:`rewards.settings`). ``RewardConfig``
+    exposes them under the same names as keys of the ``rewards:`` section and checks what a run config
+    gives them.
+    """
+
+    hbm_bandwidth: float = setting(
+        8e12, "Roofline: memory bandwidth in bytes/s (default: a B200's 8 TB/s).", above(0)
+    )
+    peak_flops: float = setting(
+        2.25e15, "Roofline: peak dense FLOP/s (default: a B200's 2.25 bf16 PFLOPS).", above(0)
+    )
+    mfu: float = setting(
+        0.4, "Roofline: model FLOPs utilization in (0, 1] (the paper's 40%).", within(0, 1, open_low=True)
+    )
+    mbu: float = setting(
+        0.7,
+        "Roofline: memory bandwidth utilization in (0, 1] (the paper's 70%).",
+        within(0, 1, open_low=True),
+    )
 
     def seconds(self, flops, nbytes):
         """Roofline time of one operation (works on arrays): bound by compute or by memory traffic."""

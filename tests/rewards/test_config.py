@@ -39,6 +39,25 @@ def test_defaults():
     assert RewardConfig(strict_string_match=False).grader_options == GraderOptions(strict=False)
 
 
+def test_roofline_and_grader_keys_are_their_owners_settings():
+    # Such a key restates nothing: default, help and range come from the owner's field, and the owner is
+    # built back from the keys; the type annotation, the one thing written twice, must agree.
+    exposed = {f.name: f for f in dataclasses.fields(RewardConfig) if "exposes" in f.metadata}
+    for key, f in exposed.items():
+        owner, name = f.metadata["exposes"]
+        (source,) = [s for s in dataclasses.fields(owner) if s.name == name]
+        assert (f.type, f.default) == (source.type, source.default), key
+        assert f.metadata["help"] == source.metadata["help"], key
+        assert f.metadata["accepts"] is source.metadata["accepts"], key
+    roofline = {f.name for f in dataclasses.fields(Roofline)}
+    grader = {"numeric_rel_tol", "numeric_abs_tol", "answer_length_factor", "answer_length_slack"}
+    assert set(exposed) == roofline | grader | {"strict_string_match", "math_timeout_s"}
+    config = RewardConfig(mfu=0.5, answer_length_slack=8.0, strict_string_match=False)
+    assert config.roofline == Roofline(mfu=0.5)
+    assert config.grader_options == GraderOptions(length_slack=8, strict=False)
+    assert type(config.grader_options.length_slack) is int
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [

@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["accuracy", "efficiency", "compliance", "config", "composite", "trl_rewards"]
+MODULES = ["accuracy", "efficiency", "compliance", "config", "composite", "settings", "trl_rewards"]
 
 
 @pytest.mark.parametrize("name", MODULES)
