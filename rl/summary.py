@@ -7,6 +7,8 @@ import math
 
 from rich.table import Table
 
+from rollouts.protocol import MODES
+
 SUMMARY_METRICS = ("accuracy", "compliance", "coverage", "kv_saving")  # compared GRPO - SFT per example
 STAGES = (("init", "random"), ("sft", "after SFT"), ("grpo", "after GRPO"))
 
@@ -39,10 +41,10 @@ def before_after_table(state: dict, suffix: str = "", title: str = "held-out da"
     if not rows:
         return None
     table = Table(title=title, title_justify="left")
-    for column in ("", "acc", "compl.", "cover.", "KV saved", "g/f/l %", "n"):
+    for column in ("", "acc", "compl.", "cover.", "KV saved", "/".join(m[0] for m in MODES) + " %", "n"):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
     for label, row in rows:
-        mix = "/".join(_fmt(row.get(f"mode_mix_{m}"), "{:.0f}", 100) for m in ("global", "focus", "local"))
+        mix = "/".join(_fmt(row.get(f"mode_mix_{m}"), "{:.0f}", 100) for m in MODES)
         cells = [_fmt(row.get(k)) for k in SUMMARY_METRICS]
         table.add_row(label, *cells, mix, str(row["n"]))
     return table

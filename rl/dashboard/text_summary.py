@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from .records import MODES
 from .report import EVAL_MODES
 from .run_dir import Run
 
@@ -18,9 +19,7 @@ HEADLINE = (
     "reward/efficiency",
     "reward/compliance",
     "reward/coverage",
-    "mode_mix/global",
-    "mode_mix/focus",
-    "mode_mix/local",
+    *(f"mode_mix/{m}" for m in MODES),
     "kv/tokens_da",
     "kv/tokens_vanilla",
     "kv/saving",
