@@ -280,7 +280,6 @@ class LayoutSettings:
 DEFAULT_LAYOUT = LayoutSettings()  # build_prompt's defaults (frozen: safe as a default argument)
 
 
-
 def build_prompt(
     question: str,
     context: str | Sequence[str],
@@ -320,14 +319,7 @@ def build_prompt(
         index_entry_tokens: lay out an index after the chunks, one entry of at most this many tokens per
             chunk (rollouts/protocol/index.py); 0 for none. An index needs protocol version 3.
     """
-    if style not in LAYOUT_STYLES:
-        raise LayoutError(f"style must be one of {LAYOUT_STYLES}, got {style!r}")
-    if block_size < 1:
-        raise LayoutError(f"block_size must be >= 1, got {block_size}")
-    if not isinstance(index_entry_tokens, int) or index_entry_tokens < 0:
-        raise LayoutError(f"index_entry_tokens must be an integer >= 0, got {index_entry_tokens!r}")
-    if index_entry_tokens and protocol_version < 3:
-        raise LayoutError(f"an index needs DA protocol version 3 or later, got version {protocol_version}")
+    LayoutSettings(block_size, thinking, style, instructions, index_entry_tokens, protocol_version)  # checks them
     chunks = _split_context(context, chunk_tokens, tokenizer)
     if not chunks:
         raise LayoutError("the context is empty: DA needs at least one magic chunk")
