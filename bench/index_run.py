@@ -61,7 +61,7 @@ def main(first: Path, second: Path) -> None:
         ratio = (rows[1]["kv_tokens"] / rows[1]["n"]) / (rows[0]["kv_tokens"] / rows[0]["n"])
         print(
             f"{label}: accuracy B - A {mean:+.3f} ± {se:.3f} (paired, n = {n}); "
-            f"KV tokens read B / A {ratio:.2f} ({1 - ratio:+.1%} fewer)"
+            f"KV tokens read B / A {ratio:.2f} ({abs(1 - ratio):.1%} {'fewer' if ratio < 1 else 'more'})"
         )
 
 
