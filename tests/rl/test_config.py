@@ -411,7 +411,7 @@ def test_the_index_config_lays_every_prompt_out_with_its_index():
     layout = config.run.prompt_layout()
     assert layout.index_entry_tokens == raw["run"]["index_entry_tokens"] > 0
     assert config.sft.to_sft_config(config.run, "runs/x/sft", None).layout == layout
-    assert config.data.data_config().trace_navigation == raw["data"]["build"]["trace_navigation"] == "mixed"
+    assert config.data.data_config().trace_navigation == raw["data"]["build"]["trace_navigation"] == "index"
     with pytest.raises(ConfigError, match=r"run\.index_entry_tokens"):
         load_run_config("configs/tiny-index.yaml", ["run.index_entry_tokens=0"])
     with pytest.raises(ConfigError, match=r"run\.index_entry_tokens"):
