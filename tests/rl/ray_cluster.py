@@ -6,6 +6,11 @@ lists it ALIVE, so a client connecting to ``gcs_address`` afterwards finds a GCS
 
 Everything lives in a temp dir of its own and in the two process groups; teardown kills those groups,
 never `ray stop` (which would stop every Ray instance on the machine, other tests' too).
+
+Also the job both `heed launch` test files run (``TWO_RANK_JOB``): the shrunk tiny job with SFT and
+gold-forced GRPO (tests/rl/gold_forced_train.py), two trainer ranks on node A and two rollout actors on
+node B. tests/rl/conftest.py runs it once per session (``launched``): test_launch_cluster.py compares it
+with one process, test_launch_faults.py with a run that lost a rank and resumed.
 """
 
 from __future__ import annotations
@@ -27,6 +32,48 @@ from pathlib import Path
 from tests.rl.test_sft_deepspeed import ROOT, free_port
 
 TRAINER_RESOURCE, ROLLOUT_RESOURCE = "heed_node_a", "heed_node_b"
+
+GRPO_STEPS = 3  # checkpointed after each: a rank lost after the first leaves later ones to compare
+JOB = [
+    "sft.max_steps=3",
+    "sft.warmup_steps=1",
+    "sft.logging_steps=1",
+    f"grpo.max_steps={GRPO_STEPS}",
+    "grpo.warmup_steps=0",  # every step at the full rate, so each one moves the weights
+    "grpo.prompts_per_step=2",
+    "grpo.num_generations=2",
+    "grpo.max_completion_length=48",  # room for the gold traces (32 tokens) the even slots are forced to
+    # vLLM's processed log-probs come after the forcing logits processor (0 for a forced token); its raw
+    # ones are the model's, and at temperature 1 (top_p 1) the same as the processed ones for sampled
+    # tokens: engine and trainer log-probs then agree on every token, forced or sampled
+    "grpo.temperature=1.0",
+    "rollout.engine_kwargs.logprobs_mode=raw_logprobs",  # the config's other engine arguments kept
+    "grpo.save_steps=1",
+    "data.build.splits={train: 16, test: 2}",
+    "data.build.lengths=[256]",
+    "data.eval_examples=2",
+    "eval.modes=[da]",
+    "eval.max_tokens=24",
+    "eval.before_training=false",
+    "eval.sampled_samples=0",
+    "eval.after_sft=false",
+    "logging.wandb_mode=disabled",
+    "rollout.num_actors=2",
+]  # the shrunk tiny job; as one process add sft.per_device_batch_size=4
+TWO_NODES = [
+    "cluster.trainer_workers=2",
+    f"cluster.trainer_resources={{CPU: 1, {TRAINER_RESOURCE}: 1}}",
+    f"cluster.rollout_node_resource={ROLLOUT_RESOURCE}",
+]
+TWO_RANK_JOB = [*JOB, *TWO_NODES, "sft.per_device_batch_size=2"]  # the same global batch over two ranks
+SECRET = f"wandb-{secrets.token_hex(12)}"  # made at run time: no source file the job packages holds it
+
+
+def heed(*args: str, gold_forced: bool = False) -> list[str]:
+    """The `heed ARGS` command line; ``gold_forced``: GRPO rollouts gold-forced on even slots, also inside
+    a `heed launch` job's trainer ranks (tests/rl/gold_forced_train.py)."""
+    module = "tests.rl.gold_forced_train" if gold_forced else "rl.cli"
+    return [sys.executable, "-m", module, *args]
 
 
 @dataclass
@@ -159,3 +206,38 @@ def node_ip() -> str:
     import ray
 
     return ray.util.get_node_ip_address()
+
+
+def launch_two_ranks(cluster: LocalCluster, run_dir: Path, *extra: str) -> tuple[Path, str, str]:
+    """`heed launch` of ``TWO_RANK_JOB`` (gold-forced) to its end; its run dir, output and job id."""
+    out = subprocess.run(
+        heed("launch", "--address", cluster.address, f"run.output_dir={run_dir}", *TWO_RANK_JOB, *extra,
+             gold_forced=True),
+        cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    (run_dir.parent / f"{run_dir.name}.log").write_text(out.stdout + out.stderr)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (job_id,) = {
+        line.split()[3] for line in out.stdout.splitlines() if line.startswith("heed: submitted job")
+    }
+    return run_dir, out.stdout + out.stderr, job_id
+
+
+def grpo_steps_moved(run_dir: Path, steps) -> None:
+    """Assert that each GRPO step in ``steps`` really updated: a gradient, and weights that differ from the
+    step before (SFT's for the first)."""
+    from safetensors.torch import load_file
+
+    metrics = {r["step"]: r for r in phase_metrics(run_dir, "grpo")}
+    for step in steps:
+        assert metrics[step]["grad_norm"] > 1e-3, (run_dir, step, metrics[step])
+        before = run_dir / ("sft" if step == 1 else f"checkpoints/checkpoint-{step - 1}")
+        after = run_dir / "checkpoints" / f"checkpoint-{step}"
+        old, new = load_file(before / "model.safetensors"), load_file(after / "model.safetensors")
+        assert max((new[k] - old[k]).abs().max().item() for k in old) > 1e-5, (run_dir, step)
+
+
+def phase_metrics(run_dir: Path, phase: str) -> list[dict]:
+    """The training lines of ``phase`` in the run's metrics.jsonl (a rerun step's lines included)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if r["phase"] == phase and "loss" in r]

@@ -1,15 +1,22 @@
 """`heed launch` on a real two-node Ray cluster on this machine (tests/rl/ray_cluster.py): node A (the head)
 has the trainer-node resource, node B the rollout-node resource, two CPUs each. The shrunk tiny job is
 submitted through the job server with two trainer ranks (a Ray Train worker group, gloo) pinned to node A
-and two rollout actors, which land on node B (the ranks hold node A's CPUs; rank 0 checks it). The run
-must end like the same job as one `heed train` process with the same seed and global batch:
+and two rollout actors, which land on node B (the ranks hold node A's CPUs; rank 0 checks it). Both runs
+are gold-forced (tests/rl/gold_forced_train.py), so every GRPO step has a reward spread and moves the
+weights, which each run is checked to do before the two are compared. The run must end like the same job
+as one `heed train` process with the same seed and global batch:
 
 - SFT losses and gradient norms to 1e-4 (data parallelism is the same arithmetic; only float summation
   order differs: tests/rl/test_multiprocess.py measures 5e-7);
 - the same GRPO prompts, and the same completions (equal KV reads and completion lengths: rank 0 samples
   the whole global batch with the same per-slot seeds), sampled by engines on node B that hold the
   trainer's weights (trainer vs engine log-probs agree to float noise after the weights crossed nodes);
+  GRPO losses and gradient norms to 1e-4, and final weights to 1e-5 (measured 2e-6; a step moves them
+  by about the learning rate, 1e-4);
 - the same greedy final eval.
+
+The cluster and the two-rank run are the session's (tests/rl/conftest.py): test_launch_faults.py resumes
+a run of the same job and compares it with this one.
 
 Also: no secret reaches the cluster (not in the job's command line, runtime env, package, logs or the Ray
 temp dir), the job server refuses requests without the cluster's token, and `heed status` reports the job.
@@ -17,66 +24,42 @@ temp dir), the job server refuses requests without the cluster's token, and `hee
 
 import json
 import os
-import secrets
 import socket
 import subprocess
-import sys
 import urllib.error
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
-from tests.rl.ray_cluster import ROLLOUT_RESOURCE, TRAINER_RESOURCE, node_ip, start_cluster
+from tests.rl.ray_cluster import (
+    GRPO_STEPS,
+    JOB,
+    ROLLOUT_RESOURCE,
+    SECRET,
+    TRAINER_RESOURCE,
+    grpo_steps_moved,
+    heed,
+    launch_two_ranks,
+    node_ip,
+    phase_metrics,
+)
 from tests.rl.test_sft_deepspeed import ROOT
 
 pytestmark = pytest.mark.slow
 
-SECRET = f"wandb-{secrets.token_hex(12)}"  # made here: no source file the job packages holds it
-BASE = [
-    "sft.max_steps=3",
-    "sft.warmup_steps=1",
-    "sft.logging_steps=1",
-    "grpo.max_steps=2",
-    "grpo.prompts_per_step=2",
-    "grpo.num_generations=2",
-    "grpo.max_completion_length=24",
-    "grpo.save_steps=1",
-    "data.build.splits={train: 16, test: 2}",
-    "data.build.lengths=[256]",
-    "data.eval_examples=2",
-    "eval.modes=[da]",
-    "eval.max_tokens=24",
-    "eval.before_training=false",
-    "eval.sampled_samples=0",
-    "eval.after_sft=false",
-    "logging.wandb_mode=disabled",
-    "rollout.num_actors=2",
-]
-TWO_NODES = [
-    "cluster.trainer_workers=2",
-    f"cluster.trainer_resources={{CPU: 1, {TRAINER_RESOURCE}: 1}}",
-    f"cluster.rollout_node_resource={ROLLOUT_RESOURCE}",
-]
 
-
-def heed(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rl.cli", *args]
-
-
-def metrics(run_dir: Path, phase: str) -> list[dict]:
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in lines if r["phase"] == phase and "loss" in r]
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def reference_job(tmp_path_factory):
-    """The one-process run, started first: it overlaps the cluster's start-up and the job's waits."""
+    """The one-process run, started first (before the session's cluster): it overlaps the cluster's
+    start-up and the job's waits."""
     pytest.importorskip("vllm")
     run_dir = tmp_path_factory.mktemp("launch") / "one-process"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     log = (run_dir.parent / "train.log").open("w")
     proc = subprocess.Popen(
-        heed("train", f"run.output_dir={run_dir}", *BASE, "sft.per_device_batch_size=4"),
+        heed("train", f"run.output_dir={run_dir}", *JOB, "sft.per_device_batch_size=4", gold_forced=True),
         cwd=ROOT, env=env | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "disabled"},
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -87,38 +70,17 @@ def reference_job(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cluster(reference_job):
-    cluster = start_cluster()
-    yield cluster
-    cluster.stop()
-
-
-def launch_two_ranks(cluster, run_dir: Path, *extra: str) -> tuple[Path, str, str]:
-    """`heed launch` of the shrunk job with two trainer ranks; its run dir, output and job id."""
-    out = subprocess.run(
-        heed("launch", "--address", cluster.address, f"run.output_dir={run_dir}", *BASE, *TWO_NODES,
-             "sft.per_device_batch_size=2", *extra),
-        cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    (run_dir.parent / f"{run_dir.name}.log").write_text(out.stdout + out.stderr)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    (job_id,) = {
-        line.split()[3] for line in out.stdout.splitlines() if line.startswith("heed: submitted job")
-    }
-    return run_dir, out.stdout + out.stderr, job_id
-
-
-@pytest.fixture(scope="module")
-def launched(cluster, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("launch") / "two-nodes"
-    return launch_two_ranks(cluster, run_dir, f"logging.wandb_api_key={SECRET}")
-
-
-@pytest.fixture(scope="module")
 def reference(reference_job):
     run_dir, proc = reference_job
     assert proc.wait(timeout=900) == 0, (run_dir.parent / "train.log").read_text()[-4000:]
     return run_dir
+
+
+def assert_same_weights(run_dir: Path, reference: Path, atol: float) -> None:
+    """The final policies agree to ``atol``: data parallelism changes only float summation order. (A ZeRO
+    engine also saves the tied ``lm_head.weight``: the reference's tensors are compared.)"""
+    got, want = (load_file(d / "final" / "model.safetensors") for d in (run_dir, reference))
+    torch.testing.assert_close({k: got[k] for k in want}, want, rtol=0, atol=atol)
 
 
 def test_two_node_job_trains_like_one_process(launched, reference):
@@ -126,25 +88,30 @@ def test_two_node_job_trains_like_one_process(launched, reference):
     for d in (run_dir, reference):
         state = json.loads((d / "state.json").read_text())
         assert state["completed"] == ["sft", "grpo", "eval_grpo", "export", "report"]
-    sft, sft_ref = metrics(run_dir, "sft"), metrics(reference, "sft")
+    sft, sft_ref = phase_metrics(run_dir, "sft"), phase_metrics(reference, "sft")
     assert [r["step"] for r in sft] == [r["step"] for r in sft_ref] == [1, 2, 3]
     for a, b in zip(sft_ref, sft):
         assert a["loss"] > 0.1 and a["grad_norm"] > 1e-3  # a real SFT step: equal losses say something
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
     assert (run_dir / "grpo_prompts.jsonl").read_text() == (reference / "grpo_prompts.jsonl").read_text()
-    grpo, grpo_ref = metrics(run_dir, "grpo"), metrics(reference, "grpo")
-    assert [r["step"] for r in grpo] == [r["step"] for r in grpo_ref] == [1, 2]
+    grpo, grpo_ref = phase_metrics(run_dir, "grpo"), phase_metrics(reference, "grpo")
+    assert [r["step"] for r in grpo] == [r["step"] for r in grpo_ref] == list(range(1, GRPO_STEPS + 1))
+    # gold-forced rollouts give every group a reward spread: each step of both runs really updates
+    grpo_steps_moved(reference, range(1, GRPO_STEPS + 1))
+    grpo_steps_moved(run_dir, range(1, GRPO_STEPS + 1))
     for a, b in zip(grpo_ref, grpo):
         for key in ("reward", "completions/mean_length", "kv/tokens_da", "kv/tokens_vanilla"):
             assert b[key] == a[key], key
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         # the engines on node B decode with the trainer's weights: pushed across nodes after SFT and
         # after each step, their log-probs equal the trainer's to float noise
         assert b["sampling/sampling_logp_difference/max"] < 1e-3
     evals = [json.loads((d / "eval" / "grpo.json").read_text())["results"] for d in (reference, run_dir)]
     assert evals[0] == evals[1]
-    checkpoint = run_dir / "checkpoints" / "checkpoint-2"
+    assert_same_weights(run_dir, reference, atol=1e-5)  # measured 2e-6; a GRPO step moves them by 1e-4
+    checkpoint = run_dir / "checkpoints" / f"checkpoint-{GRPO_STEPS}"
     assert (checkpoint / "heed_complete.json").is_file() and (checkpoint / "rng_state_1.pth").is_file()
 
 
@@ -197,8 +164,8 @@ def test_deepspeed_zero2_ranks_under_ray_train_train_like_one_process(cluster, r
     """The same two-rank job under DeepSpeed ZeRO-2: accelerate builds the engine inside the Ray Train
     workers on the process group Ray Train formed (gloo), the optimizer state is partitioned over the two
     ranks, and the run ends like the plain one-process run to DeepSpeed's tolerance (its AdamW is not
-    torch's; tests/rl/test_multiprocess.py). Measured: SFT losses to 5e-7, gradient norms to 1e-5 relative,
-    and the same GRPO completions."""
+    torch's; tests/rl/test_multiprocess.py). Measured: SFT losses to 5e-7, gradient norms to 5e-5 relative
+    (GRPO's too), the same GRPO completions, and final weights to 6e-6."""
     run_dir, output, _ = launch_two_ranks(
         cluster, tmp_path / "zero2", "grpo.deepspeed=configs/deepspeed/zero2.json"
     )
@@ -206,13 +173,14 @@ def test_deepspeed_zero2_ranks_under_ray_train_train_like_one_process(cluster, r
     state = json.loads((run_dir / "state.json").read_text())
     assert state["completed"] == ["sft", "grpo", "eval_grpo", "export", "report"]
     for phase in ("sft", "grpo"):
-        ref, got = metrics(reference, phase), metrics(run_dir, phase)
+        ref, got = phase_metrics(reference, phase), phase_metrics(run_dir, phase)
         assert [r["step"] for r in got] == [r["step"] for r in ref] and got
         for a, b in zip(ref, got):
             assert b["loss"] == pytest.approx(a["loss"], abs=1e-3)
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3, abs=1e-6)
     assert (run_dir / "grpo_prompts.jsonl").read_text() == (reference / "grpo_prompts.jsonl").read_text()
-    for a, b in zip(metrics(reference, "grpo"), metrics(run_dir, "grpo")):
+    grpo_steps_moved(run_dir, range(1, GRPO_STEPS + 1))  # nonzero updates under ZeRO too
+    for a, b in zip(phase_metrics(reference, "grpo"), phase_metrics(run_dir, "grpo")):
         # the engines decode with the weights the ZeRO engine trained (pushed after SFT and each step)
         assert (b["reward"], b["kv/tokens_da"]) == (a["reward"], a["kv/tokens_da"])
         assert b["sampling/sampling_logp_difference/max"] < 1e-3
@@ -220,3 +188,4 @@ def test_deepspeed_zero2_ranks_under_ray_train_train_like_one_process(cluster, r
     shards = sorted(p.name for p in step.glob("zero_pp_rank_*_optim_states.pt"))
     assert shards == [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]  # one per rank
     assert (run_dir / "export" / "model.safetensors").stat().st_size > 1e6
+    assert_same_weights(run_dir, reference, atol=2e-5)
