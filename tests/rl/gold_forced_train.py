@@ -18,6 +18,19 @@ import sys
 
 from rl import launch
 
+# The data and evals of the shrunk tiny job the gold-forced runs train (test_multiprocess.py,
+# ray_cluster.py): 16 training rows, two held-out ones, one greedy `da` eval after GRPO
+SMALL_DATA_AND_EVAL = [
+    "data.build.splits={train: 16, test: 2}",
+    "data.build.lengths=[256]",
+    "data.eval_examples=2",
+    "eval.modes=[da]",
+    "eval.max_tokens=24",
+    "eval.before_training=false",
+    "eval.sampled_samples=0",
+    "logging.wandb_mode=disabled",
+]
+
 MODULE = "tests.rl.gold_forced_train"
 # the product's, bound before main() replaces them
 recipe_worker, product_entrypoint = launch.train_worker, launch.entrypoint

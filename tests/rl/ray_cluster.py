@@ -29,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.rl.gold_forced_train import SMALL_DATA_AND_EVAL
 from tests.rl.test_sft_deepspeed import ROOT, free_port
 
 TRAINER_RESOURCE, ROLLOUT_RESOURCE = "heed_node_a", "heed_node_b"
@@ -49,15 +50,8 @@ JOB = [
     "grpo.temperature=1.0",
     "rollout.engine_kwargs.logprobs_mode=raw_logprobs",  # the config's other engine arguments kept
     "grpo.save_steps=1",
-    "data.build.splits={train: 16, test: 2}",
-    "data.build.lengths=[256]",
-    "data.eval_examples=2",
-    "eval.modes=[da]",
-    "eval.max_tokens=24",
-    "eval.before_training=false",
-    "eval.sampled_samples=0",
+    *SMALL_DATA_AND_EVAL,
     "eval.after_sft=false",
-    "logging.wandb_mode=disabled",
     "rollout.num_actors=2",
 ]  # the shrunk tiny job; as one process add sft.per_device_batch_size=4
 TWO_NODES = [

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.rl.gold_forced_train import SMALL_DATA_AND_EVAL
 from tests.rl.test_sft_deepspeed import ROOT
 
 OVERRIDES = [
@@ -37,14 +38,7 @@ OVERRIDES = [
     "grpo.num_generations=2",
     "grpo.learning_rate=1e-3",
     "grpo.save_steps=1",
-    "data.build.splits={train: 16, test: 2}",
-    "data.build.lengths=[256]",
-    "data.eval_examples=2",
-    "eval.modes=[da]",
-    "eval.max_tokens=24",
-    "eval.before_training=false",
-    "eval.sampled_samples=0",
-    "logging.wandb_mode=disabled",
+    *SMALL_DATA_AND_EVAL,
     "sft.copy_check_max_nll=null",  # a few SFT steps copy nothing: report the check, do not stop on it
 ]
 GLOBAL_SFT_BATCH = 4
