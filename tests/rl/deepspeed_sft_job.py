@@ -6,9 +6,9 @@ import os
 import sys
 
 from data.tokenizer import build_tokenizer
-from rl.distributed import release_process_group
 from rl.model import TinyModelConfig, build_tiny_model
 from rl.sft import SFTConfig, train_sft
+from tests.rl.jobs import end_job
 from tests.rl.test_sft import acme_rows
 
 TINY = TinyModelConfig(
@@ -33,4 +33,4 @@ if __name__ == "__main__":
     )
     trainer = train_sft(model, tokenizer, acme_rows(4), config)
     print("LOSSES " + json.dumps([h["loss"] for h in trainer.state.log_history if "loss" in h]))
-    release_process_group()
+    end_job()

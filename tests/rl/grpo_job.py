@@ -57,7 +57,6 @@ def main(mode: str, port: str, out: Path) -> None:
     from data.config import parse_config
     from data.tokenizer import build_tokenizer
     from rewards.trl_rewards import trl_reward_functions
-    from rl.distributed import release_process_group
     from rl.grpo import DARollout, HeedGRPOTrainer
     from rl.logprobs import completion_logprobs, pack
     from rollouts.pool import PoolConfig, RolloutPool
@@ -120,8 +119,10 @@ def main(mode: str, port: str, out: Path) -> None:
             "logp_shift": shift,
         }), flush=True)  # fmt: skip
     pool.shutdown()
-    release_process_group()
 
 
 if __name__ == "__main__":
+    from tests.rl.jobs import end_job
+
     main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    end_job()

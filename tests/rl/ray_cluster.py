@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.rl.gold_forced_train import SMALL_DATA_AND_EVAL
-from tests.rl.test_sft_deepspeed import ROOT, free_port
+from tests.rl.jobs import ROOT, free_port
 
 TRAINER_RESOURCE, ROLLOUT_RESOURCE = "heed_node_a", "heed_node_b"
 

@@ -5,7 +5,7 @@ process's logging for good."""
 import subprocess
 import sys
 
-from tests.rl.test_sft_deepspeed import ROOT
+from tests.rl.jobs import ROOT
 
 SCRIPT = """
 import logging, sys, warnings

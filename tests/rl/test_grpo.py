@@ -8,32 +8,22 @@ sample the other half (so each GRPO group has a reward spread and the optimizer 
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.rl.test_sft_deepspeed import ROOT, free_port
+from tests.rl.jobs import free_port, run_job
 
 pytestmark = pytest.mark.slow
 
 
-def run_job(mode: str, tmp_path) -> list[dict]:
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.rl.grpo_job", mode, str(free_port()), str(tmp_path / mode)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-4000:]
-    return [
-        json.loads(line.removeprefix("RESULT "))
-        for line in out.stdout.splitlines()
-        if line.startswith("RESULT ")
-    ]
+def grpo_results(mode: str, tmp_path) -> list[dict]:
+    lines = run_job("tests.rl.grpo_job", mode, str(free_port()), str(tmp_path / mode), tag="RESULT ")
+    return [json.loads(line) for line in lines]
 
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
-    masked, unmasked = run_job("plain", tmp_path_factory.mktemp("grpo"))
+    masked, unmasked = grpo_results("plain", tmp_path_factory.mktemp("grpo"))
     assert masked["da_mask"] and not unmasked["da_mask"]
     return masked, unmasked
 
@@ -75,7 +65,7 @@ def test_grpo_steps_move_the_policy_towards_the_rewarded_completions(plain):
 
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
 def test_grpo_runs_under_deepspeed(stage, tmp_path, plain):
-    (result,) = run_job(stage, tmp_path)
+    (result,) = grpo_results(stage, tmp_path)
     assert result["steps"] == 2 and result["syncs"] == 2
     assert max(result["logp_diff_mean"]) <= 1e-3  # gathered ZeRO weights reached the engine intact
     assert all(g > 0 for g in result["grad_norm"])

@@ -20,7 +20,7 @@ from rl.launch import (
     job_server,
     source_tree,
 )
-from tests.rl.test_sft_deepspeed import ROOT
+from tests.rl.jobs import ROOT
 
 TINY = ROOT / "configs" / "tiny.yaml"
 

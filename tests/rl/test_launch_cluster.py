@@ -33,6 +33,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.rl.jobs import ROOT
 from tests.rl.ray_cluster import (
     GRPO_STEPS,
     JOB,
@@ -45,7 +46,6 @@ from tests.rl.ray_cluster import (
     node_ip,
     phase_metrics,
 )
-from tests.rl.test_sft_deepspeed import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -25,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.rl.jobs import ROOT
 from tests.rl.ray_cluster import (
     GRPO_STEPS,
     ROLLOUT_RESOURCE,
@@ -34,7 +35,6 @@ from tests.rl.ray_cluster import (
     heed,
     phase_metrics,
 )
-from tests.rl.test_sft_deepspeed import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.rl.gold_forced_train import SMALL_DATA_AND_EVAL
-from tests.rl.test_sft_deepspeed import ROOT
+from tests.rl.jobs import ROOT
 
 OVERRIDES = [
     "sft.max_steps=3",

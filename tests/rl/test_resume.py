@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.rl.test_sft_deepspeed import ROOT
+from tests.rl.jobs import ROOT
 
 pytestmark = pytest.mark.slow
 

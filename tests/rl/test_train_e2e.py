@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.rl.test_sft_deepspeed import ROOT
+from tests.rl.jobs import ROOT
 
 pytestmark = pytest.mark.slow
 

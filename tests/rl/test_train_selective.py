@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.rl.test_sft_deepspeed import ROOT
+from tests.rl.jobs import ROOT
 from tests.rl.test_train_e2e import OVERRIDES, served_and_final_eval, train_run
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from tests.rl.jobs import ROOT
 from tests.rl.ray_cluster import TRAINER_RESOURCE, start_cluster
-from tests.rl.test_sft_deepspeed import ROOT
 
 pytestmark = pytest.mark.slow
 

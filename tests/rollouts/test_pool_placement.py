@@ -16,8 +16,8 @@ import pytest
 
 from rollouts.placement import placement_problem
 from rollouts.pool import PoolConfig
+from tests.rl.jobs import ROOT
 from tests.rl.ray_cluster import start_cluster
-from tests.rl.test_sft_deepspeed import ROOT
 
 TOLERANCE = 1e-4
 NODE = {"CPU": 2.0, "heed_rollout": 1.0}
