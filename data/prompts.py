@@ -17,7 +17,9 @@ def layout_example(example: Mapping, tokenizer, settings: LayoutSettings = DEFAU
     run's (or the export's): SFT, rollouts, eval and serving must lay out prompts the same way.
     """
     chunk_tokens = int(example.get("chunk_tokens") or DEFAULT_CHUNK_TOKENS)
-    layout = settings.build(example["question"], list(example["documents"]), tokenizer, chunk_tokens=chunk_tokens)
+    layout = settings.build(
+        example["question"], list(example["documents"]), tokenizer, chunk_tokens=chunk_tokens
+    )
     if layout.num_chunks != len(example["documents"]):
         raise ValueError(
             f"example {example.get('id', '?')!r}: {len(example['documents'])} documents became {layout.num_chunks} chunks; "

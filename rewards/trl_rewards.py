@@ -204,7 +204,9 @@ class DAReward:
             version = layout.protocol_version if layout else int(self.config.protocol_version)
             has_index = layout.has_index if layout else False
             parsed = (
-                None if text is None else parse_completion(text, int(num_chunks), thinking, version, has_index)
+                None
+                if text is None
+                else parse_completion(text, int(num_chunks), thinking, version, has_index)
             )
             reads = self._reads(row, ids, layout, reasons) if parsed is not None else None
             finish = row.get("finish_reason") or "stop"  # absent or None: the engine did not say

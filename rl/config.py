@@ -161,7 +161,9 @@ class RunConfig(Section):
             "model.attn_implementation",
             "Selective Attention runs its own attention function over a dense mask: use sdpa",
         )
-        if self.rollout_engine == "vllm":  # the plugin's Selective Attention path (rollouts/engines/vllm_selective.py)
+        if (
+            self.rollout_engine == "vllm"
+        ):  # the plugin's Selective Attention path (rollouts/engines/vllm_selective.py)
             kwargs = self.rollout.engine_kwargs
             check(
                 not kwargs.get("enable_prefix_caching", False),

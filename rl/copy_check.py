@@ -67,7 +67,12 @@ def value_token_mask(completion: str, answers: Sequence[str], tokenizer) -> list
 
 @torch.no_grad()
 def check_copying(
-    model, tokenizer, examples: Sequence[Mapping], layout: LayoutSettings = DEFAULT_LAYOUT, *, batch_size: int = 16
+    model,
+    tokenizer,
+    examples: Sequence[Mapping],
+    layout: LayoutSettings = DEFAULT_LAYOUT,
+    *,
+    batch_size: int = 16,
 ) -> CopyCheck | None:
     """Teacher-force the gold traces of ``examples`` (laid out with ``layout``) under their DA masks; the loss
     and argmax accuracy of their value tokens (None when no trace writes its answer verbatim)."""

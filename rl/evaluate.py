@@ -184,7 +184,17 @@ class EvalReport:
         from rich.table import Table
 
         table = Table(title=title, title_justify="left")
-        columns = ("mode", "n", "acc", "RULER", "compl.", "cover.", "KV saved", "steps", "/".join(m[0] for m in MODES) + " %")
+        columns = (
+            "mode",
+            "n",
+            "acc",
+            "RULER",
+            "compl.",
+            "cover.",
+            "KV saved",
+            "steps",
+            "/".join(m[0] for m in MODES) + " %",
+        )
         for name in columns:
             table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
         for row in self.summaries:

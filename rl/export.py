@@ -245,7 +245,9 @@ def _run_settings(run_dir: Path) -> dict:
         )
     index_entry_tokens = run.get("index_entry_tokens", 0)
     if type(index_entry_tokens) is not int or index_entry_tokens < 0:
-        raise ExportError(f"{path}: run.index_entry_tokens must be an integer >= 0, got {index_entry_tokens!r}")
+        raise ExportError(
+            f"{path}: run.index_entry_tokens must be an integer >= 0, got {index_entry_tokens!r}"
+        )
     return {
         "block_size": block_size,
         "thinking": thinking,

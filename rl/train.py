@@ -294,7 +294,9 @@ class TrainRecipe:
                 console.print("value copy: not checked under ZeRO-3")
             return
         split = "validation" if "validation" in self.data else cfg.data.eval_split
-        examples = list(self.data[split].select(range(min(cfg.sft.copy_check_examples, len(self.data[split])))))
+        examples = list(
+            self.data[split].select(range(min(cfg.sft.copy_check_examples, len(self.data[split]))))
+        )
         check = check_copying(self.model, self.tokenizer, examples, cfg.run.prompt_layout())
         if check is None:
             if self.ranks.is_main:
@@ -455,6 +457,7 @@ class TrainRecipe:
     def _evaluate_phase(self, phase: str, step: int) -> None:
         """The evals after a training phase: greedy (or as eval.temperature says) in every eval mode, then,
         with eval.sampled_samples, `da` sampled at the GRPO temperature."""
+
         def greedy():
             if phase == "sft" and self.config.sft.copy_check_examples:
                 self.copy_check()

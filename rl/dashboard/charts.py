@@ -155,7 +155,9 @@ def kv_bytes(run: Run):
 def kv_by_layer(run: Run):
     """KV tokens each layer read (Selective Attention eviction gives every layer its own budget)."""
     names = sorted(_prefixed(run, "kv/tokens_da/layer_"))
-    return _lines(run, names, "KV tokens read per layer (eviction)", "KV tokens", lambda n: n.rsplit("/", 1)[1])
+    return _lines(
+        run, names, "KV tokens read per layer (eviction)", "KV tokens", lambda n: n.rsplit("/", 1)[1]
+    )
 
 
 def roofline_time(run: Run):
@@ -211,7 +213,9 @@ def eval_comparison(run: Run):
     modes = sorted(totals)
     per_example = [max(totals[m][1], 1) for m in modes]
     fig = make_subplots(rows=1, cols=3, subplot_titles=("accuracy", "KV tokens read", "decoding steps"))
-    fig.add_trace(go.Bar(x=modes, y=[totals[m][0] / k for m, k in zip(modes, per_example)], name="accuracy"), 1, 1)
+    fig.add_trace(
+        go.Bar(x=modes, y=[totals[m][0] / k for m, k in zip(modes, per_example)], name="accuracy"), 1, 1
+    )
     fig.add_trace(go.Bar(x=modes, y=[totals[m][2] for m in modes], name="KV tokens"), 1, 2)
     fig.add_trace(
         go.Bar(x=modes, y=[totals[m][3] / k for m, k in zip(modes, per_example)], name="decoding steps"), 1, 3

@@ -259,7 +259,9 @@ class LayoutSettings:
                 f"DA protocol version {self.protocol_version!r} is not supported (this Heed reads {PROTOCOL_VERSIONS})"
             )
         if self.index_entry_tokens and self.protocol_version < 3:
-            raise LayoutError(f"an index needs DA protocol version 3 or later, got version {self.protocol_version}")
+            raise LayoutError(
+                f"an index needs DA protocol version 3 or later, got version {self.protocol_version}"
+            )
 
     def build(self, question: str, context: str | Sequence[str], tokenizer, *, chunk_tokens: int = 2048):
         """:func:`build_prompt` under these settings."""
@@ -319,7 +321,9 @@ def build_prompt(
         index_entry_tokens: lay out an index after the chunks, one entry of at most this many tokens per
             chunk (rollouts/protocol/index.py); 0 for none. An index needs protocol version 3.
     """
-    LayoutSettings(block_size, thinking, style, instructions, index_entry_tokens, protocol_version)  # checks them
+    LayoutSettings(
+        block_size, thinking, style, instructions, index_entry_tokens, protocol_version
+    )  # checks them
     chunks = _split_context(context, chunk_tokens, tokenizer)
     if not chunks:
         raise LayoutError("the context is empty: DA needs at least one magic chunk")
@@ -384,8 +388,15 @@ def build_prompt(
             ids += [pad] * (-len(ids) % block_size)
             spans.append((start, len(ids)))
     return PromptLayout(
-        tuple(ids), block_size, tuple(spans), thinking, used_style, tuple(chunks), protocol_version,
-        index_span, entries,
+        tuple(ids),
+        block_size,
+        tuple(spans),
+        thinking,
+        used_style,
+        tuple(chunks),
+        protocol_version,
+        index_span,
+        entries,
     )
 
 
@@ -428,7 +439,9 @@ def _render_tool_dialogue(
             }
         )
     if repeat_question or index:  # the index opens the last user turn, before the repeated question
-        content = (_sentinel("I", 0) if index else "") + (f"Question: {_sentinel('Q', 1)}" if repeat_question else "")
+        content = (_sentinel("I", 0) if index else "") + (
+            f"Question: {_sentinel('Q', 1)}" if repeat_question else ""
+        )
         messages.append({"role": "user", "content": content})
     try:
         text = tokenizer.apply_chat_template(
@@ -452,7 +465,9 @@ def _render_tool_dialogue(
     return text, ""
 
 
-def _render_plain(tokenizer, system, n_chunks, repeat_question, compact: bool = False, index: bool = False) -> str:
+def _render_plain(
+    tokenizer, system, n_chunks, repeat_question, compact: bool = False, index: bool = False
+) -> str:
     bos = tokenizer.bos_token if _adds_bos(tokenizer) else ""
     parts = [f"{bos}{system + chr(10) * 2 if system else ''}Question: {_sentinel('Q', 0)}\n\n"]
     for i in range(1, n_chunks + 1):

@@ -141,7 +141,9 @@ def test_index_navigation_plans_in_index_and_surveys_in_global():
     survey = TracePlan(answer="owl", need="the most common word", survey="owl appears 9 times.")
     assert render_trace(survey, random.Random(0), False, navigation="index").startswith("<global>")
     # the wording draws are the navigation's own: only the tags differ
-    verbose = {nav: render_trace(ACME, random.Random(3), False, navigation=nav) for nav in ("global", "index")}
+    verbose = {
+        nav: render_trace(ACME, random.Random(3), False, navigation=nav) for nav in ("global", "index")
+    }
     assert verbose["global"].replace("global>", "index>") == verbose["index"]
     with pytest.raises(ValueError, match="navigation"):
         render_trace(ACME, random.Random(0), False, navigation="everywhere")
@@ -154,7 +156,11 @@ def test_every_generator_writes_index_traces_that_parse_on_an_index_layout(token
 
     example = generate(tokenizer, task, 400, trace_style="terse", trace_navigation="index")
     layout = build_prompt(
-        example.question, example.documents, tokenizer, chunk_tokens=example.chunk_tokens, index_entry_tokens=16
+        example.question,
+        example.documents,
+        tokenizer,
+        chunk_tokens=example.chunk_tokens,
+        index_entry_tokens=16,
     )
     assert layout.num_chunks == example.num_chunks
     ids = tokenizer(example.gold_completion, add_special_tokens=False)["input_ids"]

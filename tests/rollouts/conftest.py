@@ -148,7 +148,12 @@ def two_actor_pool(model_dir: str, **config):
             PoolConfig(
                 model_dir,
                 num_actors=2,
-                engine_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 2048, "max_num_seqs": 8},
+                engine_kwargs={
+                    "dtype": "float32",
+                    "enforce_eager": True,
+                    "max_model_len": 2048,
+                    "max_num_seqs": 8,
+                },
                 env={"VLLM_CPU_KVCACHE_SPACE": "1"},
                 **config,
             )

@@ -24,9 +24,7 @@ TIMEOUT_S = 60.0
 
 
 def test_weight_sync_mode_is_validated():
-    with pytest.raises(
-        ValueError, match="weight_sync must be one of object_store, broadcast; got 'nccl'"
-    ):
+    with pytest.raises(ValueError, match="weight_sync must be one of object_store, broadcast; got 'nccl'"):
         PoolConfig("m", weight_sync="nccl")
     with pytest.raises(ValueError, match="weight_sync_timeout_s must be > 0"):
         PoolConfig("m", weight_sync="broadcast", weight_sync_timeout_s=0)
@@ -47,7 +45,9 @@ def test_sync_host_is_loopback_on_one_machine_else_the_driver_node_ip():
 
 @pytest.fixture(scope="module")
 def ray_pool(tiny_model_dir):
-    with two_actor_pool(tiny_model_dir, weight_sync="broadcast", weight_sync_timeout_s=TIMEOUT_S) as ray_and_pool:
+    with two_actor_pool(
+        tiny_model_dir, weight_sync="broadcast", weight_sync_timeout_s=TIMEOUT_S
+    ) as ray_and_pool:
         yield ray_and_pool
 
 

@@ -40,7 +40,9 @@ def vllm_config(**overrides):
         scheduler_config=NS(async_scheduling=False),
         compilation_config=NS(cudagraph_mode=CUDAGraphMode.NONE),
         parallel_config=NS(
-            use_ubatching=False, decode_context_parallel_size=1, prefill_context_parallel_size=1,
+            use_ubatching=False,
+            decode_context_parallel_size=1,
+            prefill_context_parallel_size=1,
             tensor_parallel_size=1,
         ),
         use_v2_model_runner=False,

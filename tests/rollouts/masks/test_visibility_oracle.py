@@ -66,7 +66,10 @@ INDEX = "index"  # what chunk_of_each_key calls a key of the index region
 def chunk_of_each_key(layout: PromptLayout, length: int) -> list:
     """1-based chunk id of every position ``< length``, ``INDEX`` inside the index span, 0 elsewhere
     (scaffold, generated)."""
-    spans = [*enumerate(layout.chunk_spans, start=1), *([(INDEX, layout.index_span)] if layout.index_span else [])]
+    spans = [
+        *enumerate(layout.chunk_spans, start=1),
+        *([(INDEX, layout.index_span)] if layout.index_span else []),
+    ]
     return [next((c for c, (start, end) in spans if start <= key < end), 0) for key in range(length)]
 
 
@@ -181,7 +184,11 @@ def test_tracker_and_trace_agree_with_the_oracle(layout, soup):
     assert trace.kv_tokens.tolist() == expected_kv
     assert trace.kv_tokens_vanilla.tolist() == [prompt_len + j for j in range(n)]
     whole = parse_completion(
-        prefix_text(table, ids), layout.num_chunks, layout.thinking, layout.protocol_version, bool(layout.index_span)
+        prefix_text(table, ids),
+        layout.num_chunks,
+        layout.thinking,
+        layout.protocol_version,
+        bool(layout.index_span),
     )
     assert (trace.parsed.segments, trace.parsed.answer, trace.parsed.violations) == (
         whole.segments, whole.answer, whole.violations,
