@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.rl.jobs import ROOT, end_job
 
 
 class GoldForcedRollout:
@@ -122,7 +122,5 @@ def main(mode: str, port: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    from tests.rl.jobs import end_job
-
     main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
     end_job()
