@@ -38,10 +38,14 @@ def run_job(module: str, *args: str, tag: str, timeout: float = 900) -> list[str
 
 
 def end_job() -> NoReturn:
-    """Release the process group, flush what the job reported, and exit 0 without interpreter teardown."""
+    """Release the process group, stop the local Ray the job started (what Ray's exit hook would do),
+    flush what the job reported, and exit 0 without interpreter teardown."""
     from rl.distributed import release_process_group
 
     release_process_group()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
