@@ -46,6 +46,7 @@ import psutil
 import torch
 
 from data.tokenizer import build_tokenizer, word_list
+from rl.environment import this_cpu
 from rollouts.masks import (
     VisibilityTracker,
     block_training_mask,
@@ -219,17 +220,6 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=100_000, help="completion tokens in the decode stream")
@@ -253,7 +243,7 @@ def main():
     args = parser.parse_args()
 
     print(
-        f"machine: {platform.machine()}, {cpu_name()}, {os.cpu_count()} cores, "
+        f"machine: {platform.machine()}, {this_cpu()}, {os.cpu_count()} cores, "
         f"python {platform.python_version()}, torch {torch.__version__}"
     )
     rng = random.Random(args.seed)

@@ -41,6 +41,7 @@ from collections import Counter
 from data.tokenizer import build_tokenizer, word_list
 from rewards import DAReward, DecodeCost, RewardConfig, score_trajectories
 from rewards.accuracy import _grade, _parse_math, math_match
+from rl.environment import this_cpu
 from rollouts.masks import KVShape, trace_completion
 from rollouts.protocol import build_prompt, parse_completion, token_bytes_table
 from rollouts.trajectory import Trajectory
@@ -135,14 +136,6 @@ def reasons_of(trajectory: Trajectory) -> set[str]:
     return {v.kind for v in trajectory.parsed.violations} & {"multiple_answers", "nested_answer"}
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "cpu"
-
-
 def best_of(repeats: int, run) -> tuple[float, object]:
     best, result = float("inf"), None
     for _ in range(repeats):
@@ -173,7 +166,7 @@ def main() -> None:
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"machine: {platform.machine()}, {cpu_name()}, {os.cpu_count()} cores (load average {load}), "
+        f"machine: {platform.machine()}, {this_cpu()}, {os.cpu_count()} cores (load average {load}), "
         f"pinned to 1 core, python {platform.python_version()}"
     )
     print(

@@ -7,7 +7,8 @@ RUN_DIR already holds a run (a finished one is summarized, an unfinished one ref
 ``heed train`` prints at its end: the held-out ``da`` eval of the random model, after SFT and after GRPO
 (accuracy, compliance, evidence coverage, KV-read saving, mode mix), greedy and sampled at the GRPO
 temperature, each with the paired GRPO - SFT differences and their standard errors, then the
-``da-nm`` / ``vanilla`` accuracy and the wall time of every phase.
+``da-nm`` / ``vanilla`` accuracy and the wall time of every phase. The header names the machine the
+run trained on, with its package versions, when the run recorded them (``environment.json``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from rl.environment import this_cpu
 from rl.summary import STAGES, before_after_table, difference_line
 
 
@@ -35,9 +37,14 @@ def main(run_dir: Path, config: str | None = None) -> None:
         sys.exit(f"{run_dir} holds an unfinished run: let it finish, or `heed train --resume {run_dir}`")
     state = json.loads((run_dir / "state.json").read_text())
     console = Console(width=120)
-    print(
-        f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}"
-    )
+    print(f"machine: {platform.machine()}, {this_cpu()}, python {platform.python_version()}")
+    environment = run_dir / "environment.json"  # where the run trained (rl/environment.py)
+    if environment.is_file():
+        env = json.loads(environment.read_text())
+        packages = ", ".join(f"{k} {v}" for k, v in env["packages"].items())
+        print(
+            f"trained on: {env['cpu']}, {env['cores']} cores, simd {' '.join(env['simd']) or '-'}; {packages}"
+        )
     print(f"run: {run_dir}")
     for suffix, what in (("", "greedy"), ("_sampled", "sampled at grpo.temperature")):
         table = before_after_table(state, suffix, title=f"held-out da, {what}")

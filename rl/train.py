@@ -56,6 +56,7 @@ from rl.console import (
     route_framework_logs,
 )
 from rl.distributed import TrainerRanks, release_process_group
+from rl.environment import describe as describe_environment
 from rl.run_inputs import complete_checkpoints, load_policy, run_data, run_model, run_tokenizer, set_budgets
 from rl.run_pool import start_pool
 from rl.summary import SUMMARY_METRICS, before_after_table, difference_line
@@ -146,6 +147,10 @@ class TrainRecipe:
         log = route_framework_logs(self.run_dir)
         console.print(f"[bold]heed[/] run directory {self.run_dir}; framework logs go to {log}")
         save_run_config(cfg, self.run_dir / "config.yaml")
+        if not self.resume:  # what the numbers depend on below the code (rl/environment.py)
+            (self.run_dir / "environment.json").write_text(
+                json.dumps(describe_environment(), indent=2) + "\n"
+            )
         self._save_state()  # from here on the folder is a run: `--resume` continues it
         return self.state
 

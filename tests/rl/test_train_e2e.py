@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.rl.jobs import ROOT
 
@@ -74,6 +75,8 @@ def test_every_phase_ran_and_left_its_output(run_dir):
     assert check["split"] == "test" and check["n"] == 4 and check["tokens"] >= 8
     assert check["value_nll"] > 0.5 * check["uniform_nll"] and check["value_accuracy"] < 0.5
     assert "test-key-5b1f" not in (run_dir / "config.yaml").read_text()
+    environment = json.loads((run_dir / "environment.json").read_text())  # beside config.yaml
+    assert environment["packages"]["torch"] == torch.__version__ and environment["cpu"]
     assert list((run_dir / "wandb").glob("offline-run-*"))  # the live tracker ran, offline
     # with the mode-colored samples table the dashboards promise
     assert list((run_dir / "wandb").glob("offline-run-*/files/media/table/heed/samples_*.table.json"))

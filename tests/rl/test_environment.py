@@ -1,0 +1,38 @@
+"""The run's environment record: what changes a run's numbers below the code."""
+
+import doctest
+import importlib.metadata
+import json
+
+import torch
+
+import rl.environment
+from rl.environment import cpu_model, describe, simd_flags
+
+CPUINFO = """processor	: 0
+model name	: Intel(R) Xeon(R) Platinum 8480+
+flags		: fpu vme sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c avx512f avx512_bf16 amx_tile ht lm
+processor	: 1
+model name	: Another CPU
+flags		: fpu avx512vnni
+"""
+
+
+def test_doctests():
+    assert doctest.testmod(rl.environment).failed == 0
+
+
+def test_the_first_cpus_vector_flags_and_model():
+    assert simd_flags(CPUINFO) == [
+        "amx_tile", "avx", "avx2", "avx512_bf16", "avx512f", "f16c", "fma", "sse4_1", "sse4_2",
+    ]  # fmt: skip
+    assert cpu_model(CPUINFO) == "Intel(R) Xeon(R) Platinum 8480+"
+    assert simd_flags("processor : 0\n") == []
+
+
+def test_describe_names_the_installed_stack_and_is_json():
+    env = json.loads(json.dumps(describe()))
+    assert env["packages"]["torch"] == importlib.metadata.version("torch") == torch.__version__
+    assert env["packages"]["transformers"] == importlib.metadata.version("transformers")
+    assert env["torch_threads"] == torch.get_num_threads() and env["cores"] >= 1
+    assert "not-a-package" not in env["packages"]
