@@ -19,6 +19,7 @@ from data.schema import DataError
 from data.tasks import TASKS
 from rl.config_validation import REPO_ROOT, ConfigError, Section, check  # noqa: F401  (REPO_ROOT: rl/launch.py)
 from rl.model import TinyModelConfig
+from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS
 from rollouts.protocol.layout import LAYOUT_STYLES, LayoutSettings
 from rollouts.trajectory import ROLLOUT_MODES
 
@@ -44,6 +45,9 @@ class RunSection(Section):
     # (protocol v3; rollouts/protocol/index.py); 0: no index. Gold traces navigate by it when
     # data.build.trace_navigation is index or mixed.
     index_entry_tokens: int = 0
+    # The DA protocol version completions are parsed with (rollouts/protocol/parser.py has the rules):
+    # 4 rests in local between reads, so only declared reads see the context; 3 rests in global.
+    protocol_version: int = PROTOCOL_VERSION
 
     def prompt_layout(self) -> LayoutSettings:
         """How the run lays out its prompts: SFT, rollouts, evals and the export all take this one."""
@@ -53,6 +57,7 @@ class RunSection(Section):
             style=self.layout_style,
             instructions=self.instructions,
             index_entry_tokens=self.index_entry_tokens,
+            protocol_version=self.protocol_version,
         )
 
     def validate(self):
@@ -65,6 +70,11 @@ class RunSection(Section):
             f"must be one of {', '.join(LAYOUT_STYLES)}, got {self.layout_style!r}",
         )
         self.at_least("index_entry_tokens", 0)
+        check(
+            self.protocol_version in PROTOCOL_VERSIONS,
+            self.key("protocol_version"),
+            f"must be one of {', '.join(map(str, PROTOCOL_VERSIONS))}, got {self.protocol_version!r}",
+        )
         ok = self.block_size > 0 and self.block_size % 16 == 0
         check(
             ok,

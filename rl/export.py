@@ -47,7 +47,7 @@ from pathlib import Path
 
 import yaml
 
-from rollouts.protocol import PROTOCOL_VERSION, system_instructions
+from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS, system_instructions
 from rollouts.protocol.layout import LAYOUT_STYLES
 from rollouts.selective.constants import CONFIG_KEY
 
@@ -138,9 +138,9 @@ def export_checkpoint(
     tmp.mkdir()
     try:
         _copy_weights(source, tmp)
-        _save_tokenizer(source, tmp, run["thinking"], run["instructions"])
+        _save_tokenizer(source, tmp, run["thinking"], run["instructions"], run["protocol_version"])
         info = {
-            "protocol_version": PROTOCOL_VERSION,
+            "protocol_version": run["protocol_version"],
             "block_size": run["block_size"],
             "thinking": run["thinking"],
             "layout_style": run["layout_style"],
@@ -176,7 +176,7 @@ def read_heed_json(model_dir: str | Path) -> dict | None:
     return info
 
 
-def da_chat_template(template: str, thinking: bool = False) -> str:
+def da_chat_template(template: str, thinking: bool = False, version: int = PROTOCOL_VERSION) -> str:
     """``template`` behind a prefix that puts the DA instructions first when there is no system message.
 
     The prefix rebinds ``messages`` (a Jinja ``set`` at template level), so the source template renders
@@ -184,9 +184,10 @@ def da_chat_template(template: str, thinking: bool = False) -> str:
     """
     if template.startswith(_DA_TEMPLATE_MARK):  # already wrapped (an export of an export)
         return template
-    instructions = json.dumps(system_instructions(thinking))  # a valid Jinja string literal (ASCII escapes)
+    # a valid Jinja string literal (ASCII escapes)
+    instructions = json.dumps(system_instructions(thinking, version=version))
     return (
-        f"{_DA_TEMPLATE_MARK} (Heed protocol v{PROTOCOL_VERSION}): inserted as the system message "
+        f"{_DA_TEMPLATE_MARK} (Heed protocol v{version}): inserted as the system message "
         "when the conversation has none -#}\n"
         "{%- if not (messages and messages[0].role == 'system') -%}\n"
         f"{{%- set messages = [{{'role': 'system', 'content': {instructions}}}] + (messages | list) -%}}\n"
@@ -248,9 +249,15 @@ def _run_settings(run_dir: Path) -> dict:
         raise ExportError(
             f"{path}: run.index_entry_tokens must be an integer >= 0, got {index_entry_tokens!r}"
         )
+    protocol_version = run.get("protocol_version", PROTOCOL_VERSION)
+    if type(protocol_version) is not int or protocol_version not in PROTOCOL_VERSIONS:
+        raise ExportError(
+            f"{path}: run.protocol_version must be one of {PROTOCOL_VERSIONS}, got {protocol_version!r}"
+        )
     return {
         "block_size": block_size,
         "thinking": thinking,
+        "protocol_version": protocol_version,
         "layout_style": layout_style,
         "instructions": instructions,
         "index_entry_tokens": index_entry_tokens,
@@ -276,7 +283,9 @@ def _copy_weights(source: Path, dest: Path) -> None:
             shutil.copy2(path, dest / path.name)
 
 
-def _save_tokenizer(source: Path, dest: Path, thinking: bool, instructions: bool = True) -> None:
+def _save_tokenizer(
+    source: Path, dest: Path, thinking: bool, instructions: bool = True, version: int = PROTOCOL_VERSION
+) -> None:
     from transformers import AutoTokenizer
 
     try:
@@ -293,11 +302,14 @@ def _save_tokenizer(source: Path, dest: Path, thinking: bool, instructions: bool
             raise ExportError(f"{source}: the tokenizer has named chat templates but no 'default' one")
         tokenizer.chat_template = {
             **template,
-            "default": da_chat_template(base, thinking),
+            "default": da_chat_template(base, thinking, version),
             PLAIN_TEMPLATE: base,
         }
     elif template:
-        tokenizer.chat_template = {"default": da_chat_template(template, thinking), PLAIN_TEMPLATE: template}
+        tokenizer.chat_template = {
+            "default": da_chat_template(template, thinking, version),
+            PLAIN_TEMPLATE: template,
+        }
     else:
         logger.warning("%s: the tokenizer has no chat template; the export carries none", source)
     tokenizer.save_pretrained(dest)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 # The protocol version new layouts, exports and trajectories carry, and every version the parser reads
 # (rollouts/protocol/parser.py has the rules):
+# v4: in a prompt without an index, closing tags return to `local` (no chunk), so every read of the
+#     context is declared (`<global>` to survey, `<focus>` to extract); decoding still starts in `global`.
 # v3: the `<index>` mode, and prompts with an index region, where closing tags return to `index`.
 # v2: text that starts a DA tag name but does not complete the tag (`</focus junk`) is a
 #     `malformed_tag` violation. v1: it is plain text, nothing else.
 # A prompt without an index reads the same under v2 and v3, except that `<index>` is a tag in v3.
 PROTOCOL_VERSION = 3
-PROTOCOL_VERSIONS = (1, 2, 3)
+PROTOCOL_VERSIONS = (1, 2, 3, 4)
 
 _MODES = """\
 The context is delivered as numbered Magic Chunks, returned by the get_magic_chunk tool. You control \
@@ -41,10 +43,16 @@ in this mode, so navigate here: find in the Index which chunks to read, then foc
 <global> only when the Index is not enough (for example to count over every chunk)."""
 
 
-def system_instructions(thinking: bool = False, index: bool = False) -> str:
+_LOCAL_REST = """
+After you close any mode no Magic Chunk is visible until you open <global> or <focus> again, so every \
+read is one you declared: write your answer after closing the last mode."""
+
+
+def system_instructions(thinking: bool = False, index: bool = False, version: int = PROTOCOL_VERSION) -> str:
     """The protocol instructions placed in the system message (always visible scaffold); ``index``:
-    the prompt has an index (protocol v3)."""
-    return (_THINKING if thinking else _NON_THINKING) + (_INDEX if index else "")
+    the prompt has an index (protocol v3); ``version``: v4 without an index rests in ``local``."""
+    rest = _INDEX if index else _LOCAL_REST if version >= 4 else ""
+    return (_THINKING if thinking else _NON_THINKING) + rest
 
 
 def chunk_header(chunk_id: int) -> str:

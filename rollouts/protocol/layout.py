@@ -337,7 +337,9 @@ def build_prompt(
         except ValueError as err:
             raise LayoutError(str(err)) from None
     parts = [system_prompt] if system_prompt is not None else []
-    system = "\n\n".join(parts + ([system_instructions(thinking, bool(entries))] if instructions else []))
+    system = "\n\n".join(
+        parts + ([system_instructions(thinking, bool(entries), protocol_version)] if instructions else [])
+    )
 
     rendered = None
     if style in ("auto", "tool"):

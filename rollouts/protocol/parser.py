@@ -16,8 +16,9 @@ Rules (the README repeats them; tests pin each one):
   double or single quotes. Ids outside ``1..num_chunks`` (or not integers) are dropped with a violation;
   if none remains, or the attribute is missing or empty, the mode becomes ``local`` with a violation.
 - ``<local>`` -> local, ``<global>`` -> global, ``<index>`` -> index; every closing tag (``</focus>``,
-  ``</local>``, ``</global>``, ``</index>``) returns to the *resting* mode: ``global``, or ``index`` in a
-  prompt with an index (``has_index``), so navigating between reads costs the index, not the context.
+  ``</local>``, ``</global>``, ``</index>``) returns to the *resting* mode: ``index`` in a prompt with an
+  index (``has_index``), so navigating between reads costs the index, not the context; without an index
+  ``local`` from version 4 on, so every read of the context is declared, and ``global`` before it.
   Opening a mode tag while another is open switches mode (violation ``nested_mode``); a closing tag
   with nothing open is a violation (``unmatched_close``), one that closes a different tag too
   (``mismatched_close``); both still return to the resting mode. ``<index>`` in a prompt without an
@@ -40,6 +41,8 @@ Rules (the README repeats them; tests pin each one):
   text and the mode does not change. ``<focused>`` and ``<answers>`` are other names: plain text.
 - Version 3 (``PROTOCOL_VERSION``) adds ``<index>``/``</index>`` (and ``index`` as a tag name for
   ``malformed_tag``); before it they are plain text, and a prompt with an index needs version 3.
+- Version 4 changes only the resting mode of a prompt without an index: ``local`` instead of ``global``
+  (decoding still starts in ``global``), so the moves between reads and the answer read no chunk.
 - The parser never raises on model output (docs/ARCHITECTURE.md, contract 5).
 
 Because every decision depends only on the characters read so far, the mode after any prefix does
@@ -73,9 +76,16 @@ LOCAL_STATE = ModeState(LOCAL)
 INDEX_STATE = ModeState(INDEX)
 
 
-def resting_state(has_index: bool) -> ModeState:
-    """The state a closing tag returns to: ``index`` in a prompt with an index (version 3), else ``global``."""
-    return INDEX_STATE if has_index else GLOBAL_STATE
+def resting_state(has_index: bool, version: int = PROTOCOL_VERSION) -> ModeState:
+    """The state a closing tag returns to: ``index`` in a prompt with an index (version 3 on); without
+    one, ``local`` from version 4 on (every read of the context is declared) and ``global`` before.
+
+    >>> [resting_state(False, v).mode for v in (3, 4)], resting_state(True, 4).mode
+    (['global', 'local'], 'index')
+    """
+    if has_index:
+        return INDEX_STATE
+    return LOCAL_STATE if version >= 4 else GLOBAL_STATE
 
 
 class Violation(NamedTuple):
@@ -224,7 +234,7 @@ class ProtocolParser:
         if self.has_index and self.version < 3:
             raise ValueError(f"an index needs protocol version 3 or later, got version {self.version}")
         self._exact, self._tag_prefixes = _TAGS[bool(self.thinking), self.version]
-        self._rest = resting_state(self.has_index)
+        self._rest = resting_state(self.has_index, self.version)
         self._consumed = 0  # characters fully read (as text or as a completed tag)
         self._pending = ""  # a candidate tag that is not complete yet, starting with "<"
         self._open_mode: str | None = None
@@ -442,6 +452,9 @@ def parse_completion(
     >>> p = parse_completion('<index>3</index><focus magic_chunks="3">x</focus><answer>8</answer>', 7, has_index=True)
     >>> [s.mode for s in p.segments], p.violations
     (['global', 'index', 'focus', 'index'], [])
+    >>> p = parse_completion('<global>3</global><focus magic_chunks="3">x</focus><answer>8</answer>', 7, version=4)
+    >>> [s.mode for s in p.segments], p.violations
+    (['global', 'global', 'local', 'focus', 'local'], [])
     """
     parser = ProtocolParser(num_chunks, thinking=thinking, version=version, has_index=has_index)
     parser.feed(text)

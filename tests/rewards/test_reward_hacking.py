@@ -21,7 +21,7 @@ from rollouts.engines.base import RolloutRequest, build_trajectory
 from rollouts.masks import KVShape
 from rollouts.protocol import build_prompt
 
-from .helpers import ACME_GOLD_TEXT, acme_example, make_trajectory
+from .helpers import ACME_GOLD_TEXT, ACME_QUESTION, acme_documents, acme_example, make_trajectory
 
 MARGIN = 0.2  # every trick scores at least this much below the honest completion of its example
 
@@ -180,12 +180,22 @@ WASTEFUL = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def layouts(acme_layout, tokenizer):
-    def lay(example):
-        return build_prompt(example["question"], example["documents"], tokenizer, block_size=32)
+@pytest.fixture(scope="module", params=[3, 4], ids=["v3", "v4"])
+def layouts(tokenizer, request):
+    """Every example laid out under protocol v3 (closing tags rest in global) and v4 (they rest in
+    local, so the moves between reads and the answer read no chunk): the tricks must lose under both."""
 
-    return {"acme": acme_layout, "year": acme_layout, "both": acme_layout, "niah": lay(NIAH), "vt": lay(VT)}
+    def lay(question, documents):
+        return build_prompt(question, documents, tokenizer, block_size=32, protocol_version=request.param)
+
+    acme = lay(ACME_QUESTION, acme_documents())
+    return {
+        "acme": acme,
+        "year": acme,
+        "both": acme,
+        "niah": lay(NIAH["question"], NIAH["documents"]),
+        "vt": lay(VT["question"], VT["documents"]),
+    }
 
 
 @pytest.fixture(scope="module")

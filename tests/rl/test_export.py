@@ -30,10 +30,14 @@ def policies(tmp_path_factory, tokenizer):
     return {seed: Path(save_tiny_qwen3(root / f"seed{seed}", tokenizer, seed=seed)) for seed in (0, 1, 2)}
 
 
-def make_run(root, policies, *, sft=0, checkpoints=None, final=None, thinking=False, budgets=None):
+def make_run(
+    root, policies, *, sft=0, checkpoints=None, final=None, thinking=False, budgets=None, version=None
+):
     """A run directory: ``checkpoints`` maps step -> (seed, complete?); ``sft``/``final`` name a seed."""
     root.mkdir(parents=True, exist_ok=True)
     config = {"run": {"block_size": BLOCK_SIZE, "thinking": thinking}}
+    if version is not None:
+        config["run"]["protocol_version"] = version
     if budgets is not None:
         config["selective"] = {"budgets": budgets}
     (root / "config.yaml").write_text(yaml.safe_dump(config))
@@ -148,6 +152,21 @@ def test_export_is_the_same_model_with_heed_json_and_no_pickles(tmp_path, polici
     assert "selective_budgets" not in read_heed_json(
         export_checkpoint(make_run(tmp_path / "plain_run", policies), tmp_path / "out2")
     )
+
+
+def test_an_export_carries_the_protocol_version_its_run_trained_on(tmp_path, policies):
+    """A v4 run (closing tags rest in local) exports as v4: heed.json, and the instructions its chat
+    template inserts, which say where closing tags lead; an unknown version is refused."""
+    from transformers import AutoTokenizer
+
+    out = export_checkpoint(make_run(tmp_path / "run", policies, version=4), tmp_path / "out")
+    assert read_heed_json(out)["protocol_version"] == 4
+    user = [{"role": "user", "content": "How old is Acme Corp?"}]
+    rendered = AutoTokenizer.from_pretrained(out).apply_chat_template(user, tokenize=False)
+    assert "After you close any mode no Magic Chunk is visible" in rendered
+    assert "After you close any mode" not in system_instructions(False)  # v3's instructions lack it
+    with pytest.raises(ExportError, match=r"run.protocol_version must be one of \(1, 2, 3, 4\), got 7"):
+        export_checkpoint(make_run(tmp_path / "bad", policies, version=7), tmp_path / "out7")
 
 
 @pytest.mark.parametrize("thinking", [False, True])

@@ -169,15 +169,20 @@ def test_the_wire_carries_the_protocol_version(tokenizer):
     from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS
 
     layout = build_prompt(QUESTION, DOCS, tokenizer)
-    assert layout.protocol_version == PROTOCOL_VERSION == 3 and PROTOCOL_VERSIONS == (1, 2, 3)
+    assert layout.protocol_version == PROTOCOL_VERSION == 3 and PROTOCOL_VERSIONS == (1, 2, 3, 4)
     v1 = build_prompt(QUESTION, DOCS, tokenizer, protocol_version=1)
     assert v1.input_ids == layout.input_ids and v1 != layout  # the same prompt, parsed by other rules
     for version, built in ((1, v1), (3, layout)):
         wire = built.to_wire()
         assert wire["version"] == version
         assert PromptLayout.from_wire(wire, built.input_ids).protocol_version == version
-    with pytest.raises(LayoutError, match="protocol version 4"):
-        build_prompt(QUESTION, DOCS, tokenizer, protocol_version=4)
+    # v4 tells the model where closing tags now lead (its instructions gain one rule, nothing else moves)
+    v4 = build_prompt(QUESTION, DOCS, tokenizer, protocol_version=4)
+    rule = "After you close any mode no Magic Chunk is visible"
+    assert rule in tokenizer.decode(v4.input_ids) and rule not in tokenizer.decode(layout.input_ids)
+    assert v4.num_chunks == layout.num_chunks and v4.to_wire()["version"] == 4
+    with pytest.raises(LayoutError, match="protocol version 5"):
+        build_prompt(QUESTION, DOCS, tokenizer, protocol_version=5)
 
 
 def test_bad_inputs(tokenizer):

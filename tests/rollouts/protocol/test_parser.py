@@ -184,7 +184,7 @@ def test_other_names_and_plain_angle_brackets_stay_text(text):
 
 
 def test_version_is_checked():
-    for bad in (0, 4, "2", True, 2.0):
+    for bad in (0, 5, "2", True, 2.0):
         with pytest.raises(ValueError, match="protocol version"):
             ProtocolParser(3, version=bad)
 
@@ -358,3 +358,31 @@ def test_fuzz_without_mode_tags_keeps_everything_else(pieces):
     p = parse_completion(text, 3)
     assert p.without_mode_tags() == rest
     assert len(p.mode_tag_spans) == sum(is_tag for is_tag, _, _ in pieces)
+
+
+# -- version 4: the local resting mode -------------------------------------------------------------
+
+
+def test_version_4_rests_in_local_where_version_3_rests_in_global():
+    """Hand-worked: the same completion, character offsets included; v4 changes only where closes lead."""
+    text = '<global>Chunk 5.</global>\n<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>'
+    spans = {
+        3: [("global", (), 0, 50), ("focus", (5,), 50, 61), ("global", (), 61, len(text))],
+        4: [
+            ("global", (), 0, 25),  # "<global>Chunk 5.</global>": its tags are predicted in global
+            ("local", (), 25, 50),  # "\n<focus ...>": the tag names the chunk the plan wrote
+            ("focus", (5,), 50, 61),
+            ("local", (), 61, len(text)),  # the answer reads no chunk
+        ],
+    }
+    for version, expected in spans.items():
+        parsed = parse_completion(text, 7, version=version)
+        assert [(s.mode, s.chunks, s.start, s.end) for s in parsed.segments] == expected, version
+        assert (parsed.answer, parsed.violations) == ("63", [])
+    # decoding still starts in global, and the index rests in index whatever the version
+    assert parse_completion("x<answer>1</answer>", 2, version=4).segments[0].mode == "global"
+    with_index = parse_completion("<local>x</local><answer>1</answer>", 2, version=4, has_index=True)
+    assert [s.mode for s in with_index.segments] == ["global", "local", "index"]
+    # a close with nothing open still returns to the resting mode (and is a violation)
+    stray = parse_completion("</focus>y<answer>1</answer>", 2, version=4)
+    assert [s.mode for s in stray.segments] == ["global", "local"] and kinds(stray) == ["unmatched_close"]
