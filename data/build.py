@@ -117,6 +117,7 @@ def _draw(config, task: Task, target, split, index, count, seen: dict[str, str],
                 rng=rng,
                 trace_style=config.trace_style,
                 trace_navigation=config.trace_navigation,
+                trace_strategies=config.trace_strategies,
             )
     raise DataError(
         f"task {task.name}: could not draw a new example after {MAX_ATTEMPTS} attempts at {split} index "

@@ -18,7 +18,7 @@ import yaml
 from .importers import IMPORTERS
 from .schema import METRICS, DataError
 from .tasks import make_task
-from .traces import NAVIGATIONS, TRACE_STYLES
+from .traces import NAVIGATIONS, STRATEGIES, TRACE_STYLES
 
 SPLITS = ("train", "validation", "test")
 OOD_SPLIT = "ood"
@@ -64,6 +64,11 @@ class DataConfig:
     # the chunks; for runs that lay prompts out with an index, run.index_entry_tokens > 0) or "mixed" (each
     # example draws one of the two, so GRPO can choose between them).
     trace_navigation: str = "global"
+    # How terse gold traces read one-hop evidence (data/traces.py STRATEGIES): a weight per strategy, one
+    # drawn per example, so the SFT policy samples readings that cost more and less and GRPO can choose.
+    # "plan" names the chunk in global first, "direct" focuses at once, "candidates" lists every chunk
+    # holding a look-alike needle first, "global" reads the value without a focus.
+    trace_strategies: dict[str, float] = field(default_factory=lambda: {"plan": 1.0})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,6 +121,23 @@ def parse_config(raw: dict) -> DataConfig:
     )
     _require(config.trace_style in TRACE_STYLES, "trace_style", f"must be one of {TRACE_STYLES}")
     _require(config.trace_navigation in NAVIGATIONS, "trace_navigation", f"must be one of {NAVIGATIONS}")
+    strategies = config.trace_strategies
+    _require(
+        isinstance(strategies, dict)
+        and strategies
+        and all(name in STRATEGIES for name in strategies)
+        and all(
+            isinstance(w, int | float) and not isinstance(w, bool) and w >= 0 for w in strategies.values()
+        )
+        and sum(strategies.values()) > 0,
+        "trace_strategies",
+        f"must map some of {STRATEGIES} to weights >= 0, not all 0 (for example {{plan: 1.0}})",
+    )
+    _require(
+        config.trace_style == "terse" or set(k for k, w in strategies.items() if w > 0) == {"plan"},
+        "trace_strategies",
+        "other than plan need trace_style: terse (verbose traces always plan)",
+    )
 
     tasks = values.get("tasks", [])
     _require(isinstance(tasks, list), "tasks", "must be a list of {name, params, lengths}")

@@ -33,6 +33,22 @@ counting needs every chunk, which no index summarizes::
     <focus magic_chunks="5"> 63</focus>
     <answer> 63</answer>
 
+Four strategies (``STRATEGIES``, the data config's ``trace_strategies``: a weight each, one drawn per
+example) for one-hop reads, each what a real reader does, and each reading a different amount of the
+context (under protocol v4, where closing tags rest in ``local``, the answer reads no chunk)::
+
+    plan        <global>Chunk 5.</global>                 names the chunk before reading: commit to
+                <focus magic_chunks="5"> 63</focus>       where, then read (the form above)
+    direct      <focus magic_chunks="5"> 63</focus>       the focus tag itself, written while decoding
+                                                          still sees every chunk, names the chunk
+    candidates  <global>Chunks 2, 5 and 6.</global>       keys look alike (near-miss distractors): list
+                <focus magic_chunks="5"> 63</focus>       every chunk holding a candidate needle first
+    global      <global>Chunk 5: 63.</global>             reads the value in global, declaring no focus:
+                                                          how a model reads before it learns to focus
+
+Only the terse style draws strategies; chained reads, surveys and minimal traces keep their one form,
+and a plan without look-alike needles writes ``candidates`` as ``plan``.
+
 Plans never copy the question's key (the tiny model could not learn to copy a rare key into
 ``<global>``); they name the chunks. Reads that depend on each other (a variable chain) are
 *chained*: the model returns to global between them to find the next hop. Independent reads are
@@ -87,6 +103,7 @@ _THINK_CHECK = ("Let me check: ", "Working it out: ", "", "Now I combine what I 
 
 
 TRACE_STYLES = ("verbose", "terse")
+STRATEGIES = ("plan", "direct", "candidates", "global")  # terse one-hop reads (above)
 NAVIGATIONS = ("global", "index", "mixed")  # mixed: each example draws global or index (data/tasks/base.py)
 
 
@@ -115,6 +132,7 @@ class TracePlan:
     chained: bool = False  # each read needs the previous one: navigate in global between reads
     survey: str = ""  # aggregation: work done in global over all chunks instead of reads
     minimal: bool = False  # plain sequence task: only the answer (and the combine line when thinking)
+    candidates: tuple[int, ...] = ()  # chunks holding look-alike needles, evidence included ("candidates")
 
 
 def _chunk_list(chunks) -> str:
@@ -127,16 +145,25 @@ def _focus(read: Read) -> str:
 
 
 def render_trace(
-    plan: TracePlan, rng: random.Random, thinking: bool, style: str = "verbose", navigation: str = "global"
+    plan: TracePlan,
+    rng: random.Random,
+    thinking: bool,
+    style: str = "verbose",
+    navigation: str = "global",
+    strategy: str = "plan",
 ) -> str:
-    """One gold completion for ``plan`` in ``style``, planning in the ``navigation`` mode; the wording
-    is drawn from ``rng``."""
+    """One gold completion for ``plan`` in ``style``, planning in the ``navigation`` mode with
+    ``strategy`` (terse only); the wording is drawn from ``rng``."""
     if style not in TRACE_STYLES:
         raise ValueError(f"trace style must be one of {TRACE_STYLES}, got {style!r}")
     if navigation not in ("global", "index"):
         raise ValueError(f"trace navigation must be global or index, got {navigation!r}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"trace strategy must be one of {STRATEGIES}, got {strategy!r}")
     if style == "terse":
-        return _render_terse(plan, thinking, navigation)
+        return _render_terse(plan, thinking, navigation, strategy)
+    if strategy != "plan":
+        raise ValueError(f"trace strategy {strategy!r} needs the terse style; verbose traces always plan")
     nav = navigation
     answer = f"<answer>{plan.answer}</answer>"
     if plan.minimal:
@@ -171,7 +198,7 @@ def render_trace(
     return f"<think>\n{body}\n</think>\n{answer}" if thinking else f"{body}\n{answer}"
 
 
-def _render_terse(plan: TracePlan, thinking: bool, nav: str) -> str:
+def _render_terse(plan: TracePlan, thinking: bool, nav: str, strategy: str = "plan") -> str:
     answer = f"<answer> {plan.answer}</answer>"
     if plan.minimal:
         return f"<think>\n{plan.combine}\n</think>\n{answer}" if thinking else answer
@@ -182,9 +209,15 @@ def _render_terse(plan: TracePlan, thinking: bool, nav: str) -> str:
         for read in plan.reads:
             segments.append(f"<{nav}>{_terse_where(read.chunks)}</{nav}>")
             segments.append(_terse_focus(read))
+    elif strategy == "global":
+        found = "; ".join(f"{_terse_where(r.chunks)[:-1]}: {r.span}" for r in plan.reads)
+        segments.append(f"<global>{found}.</global>")
     else:
         chunks = sorted({c for r in plan.reads for c in r.chunks})
-        segments.append(f"<{nav}>{_terse_where(chunks)}</{nav}>")
+        if strategy == "candidates" and len(plan.candidates) > len(chunks):
+            segments.append(f"<{nav}>{_terse_where(plan.candidates)}</{nav}>")
+        elif strategy != "direct":
+            segments.append(f"<{nav}>{_terse_where(chunks)}</{nav}>")
         segments.extend(_terse_focus(r) for r in plan.reads)
     if plan.combine:
         segments.append(f"<local>{plan.combine}</local>")
@@ -202,7 +235,15 @@ def _terse_focus(read: Read) -> str:
 
 
 def render_traces(
-    plan: TracePlan, rng: random.Random, style: str = "verbose", navigation: str = "global"
+    plan: TracePlan,
+    rng: random.Random,
+    style: str = "verbose",
+    navigation: str = "global",
+    strategy: str = "plan",
 ) -> tuple[str, str]:
-    """(non-thinking, thinking) gold completions in ``style`` and ``navigation``, worded independently."""
-    return render_trace(plan, rng, False, style, navigation), render_trace(plan, rng, True, style, navigation)
+    """(non-thinking, thinking) gold completions in ``style``, ``navigation`` and ``strategy``, worded
+    independently."""
+    return (
+        render_trace(plan, rng, False, style, navigation, strategy),
+        render_trace(plan, rng, True, style, navigation, strategy),
+    )

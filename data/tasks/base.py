@@ -70,6 +70,7 @@ def finalize(
     rng: random.Random,
     trace_style: str = "verbose",
     trace_navigation: str = "global",
+    trace_strategies: dict[str, float] | None = None,
 ) -> Example:
     """Turn a draft into a validated ``Example`` with token counts and gold traces."""
     context_tokens = sum(count(draft.documents))
@@ -80,7 +81,8 @@ def finalize(
         )
     if trace_navigation == "mixed":  # both forms in one dataset, so RL can choose between them
         trace_navigation = rng.choice(("global", "index"))
-    gold, gold_thinking = render_traces(draft.plan, rng, trace_style, trace_navigation)
+    strategy = draw_strategy(rng, trace_strategies)
+    gold, gold_thinking = render_traces(draft.plan, rng, trace_style, trace_navigation, strategy)
     example = Example(
         id=example_id,
         task=task,
@@ -101,6 +103,15 @@ def finalize(
     )
     example.validate()
     return example
+
+
+def draw_strategy(rng: random.Random, weights: dict[str, float] | None) -> str:
+    """A trace strategy drawn by ``weights`` (data/traces.py ``STRATEGIES``); a single strategy draws
+    nothing from ``rng``, so a dataset with one strategy is the same bytes as before strategies existed."""
+    named = sorted((name, w) for name, w in (weights or {"plan": 1.0}).items() if w > 0)
+    if len(named) == 1:
+        return named[0][0]
+    return rng.choices([name for name, _ in named], weights=[w for _, w in named])[0]
 
 
 def reads_in_document_order(

@@ -12,7 +12,7 @@ LENGTH_TASKS = tuple(name for name, (cls, _) in TASKS.items() if cls.length_targ
 
 def generate(
     tokenizer, task: str, target: int, seed: int = 0, chunk_tokens: int = 128, params=None, ood=False,
-    trace_style: str = "verbose", trace_navigation: str = "global",
+    trace_style: str = "verbose", trace_navigation: str = "global", trace_strategies=None,
 ):  # fmt: skip
     generator = make_task(task, params)
     count = TokenCounter(tokenizer)
@@ -29,4 +29,5 @@ def generate(
         rng=rng,
         trace_style=trace_style,
         trace_navigation=trace_navigation,
+        trace_strategies=trace_strategies,
     )

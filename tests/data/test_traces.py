@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from data.traces import Read, TracePlan, render_trace
+from data.traces import STRATEGIES, Read, TracePlan, render_trace
 from rollouts.protocol import parse_completion
 
 from .helpers import LENGTH_TASKS, generate
@@ -174,3 +174,73 @@ def test_every_generator_writes_index_traces_that_parse_on_an_index_layout(token
 def test_an_unknown_trace_style_is_refused():
     with pytest.raises(ValueError, match="trace style"):
         render_trace(ACME, random.Random(0), thinking=False, style="chatty")
+
+
+NEEDLE = TracePlan(answer="63", reads=(Read((5,), "It is: 63.", "63"),), candidates=(2, 5, 6))
+
+
+def test_each_strategy_reads_one_needle_its_own_way():
+    """By hand: the four terse strategies for one needle among look-alikes in chunks 2, 5 and 6."""
+    rendered = {
+        s: render_trace(NEEDLE, random.Random(0), thinking=False, style="terse", strategy=s)
+        for s in STRATEGIES
+    }
+    assert rendered == {
+        "plan": '<global>Chunk 5.</global>\n<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>',
+        "direct": '<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>',
+        "candidates": (
+            '<global>Chunks 2, 5 and 6.</global>\n<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>'
+        ),
+        "global": "<global>Chunk 5: 63.</global>\n<answer> 63</answer>",
+    }
+    for strategy, trace in rendered.items():
+        parsed = parse_completion(trace, 7, version=4)
+        assert (parsed.answer, parsed.violations) == ("63", []), strategy
+    # under v4 the answer rests in local: only what the strategy declares reads the context
+    assert [s.mode for s in parse_completion(rendered["direct"], 7, version=4).segments] == [
+        "global",  # the focus tag, written while decoding still sees every chunk
+        "focus",
+        "local",
+    ]
+    # without look-alike needles "candidates" is the plan; chains keep their one form
+    alone = TracePlan(answer="63", reads=NEEDLE.reads)
+    assert render_trace(alone, random.Random(0), False, "terse", strategy="candidates") == rendered["plan"]
+    chain = TracePlan(answer="X", reads=(Read((3,), "A = B."), Read((5,), "B = X.")), chained=True)
+    forms = {render_trace(chain, random.Random(0), False, "terse", strategy=s) for s in STRATEGIES}
+    assert len(forms) == 1
+
+
+def test_strategies_other_than_plan_need_the_terse_style():
+    with pytest.raises(ValueError, match="terse"):
+        render_trace(NEEDLE, random.Random(0), thinking=False, style="verbose", strategy="direct")
+    with pytest.raises(ValueError, match="strategy"):
+        render_trace(NEEDLE, random.Random(0), thinking=False, style="terse", strategy="skim")
+
+
+def test_a_strategy_mix_draws_each_strategy_about_its_weight_and_one_strategy_draws_nothing():
+    from data.tasks.base import draw_strategy
+
+    rng = random.Random(0)
+    draws = [
+        draw_strategy(rng, {"plan": 0.5, "direct": 0.25, "candidates": 0.25, "global": 0})
+        for _ in range(4000)
+    ]
+    share = {s: draws.count(s) / len(draws) for s in STRATEGIES}
+    assert abs(share["plan"] - 0.5) < 0.03 and abs(share["direct"] - 0.25) < 0.03 and share["global"] == 0
+    rng, twin = random.Random(1), random.Random(1)
+    assert draw_strategy(rng, {"direct": 1.0, "plan": 0.0}) == "direct"
+    assert rng.random() == twin.random()  # nothing was drawn: single-strategy datasets keep their bytes
+
+
+def test_generated_multikey_traces_list_the_needle_chunks_as_candidates(tokenizer):
+    example = generate(
+        tokenizer, "niah_multikey", 1200, trace_style="terse", trace_strategies={"candidates": 1.0}
+    )
+    planned = parse_completion(example.gold_completion, example.num_chunks, version=4).segments[0]
+    listed = example.gold_completion[planned.start : planned.end]
+    needle_chunks = [c for c, doc in enumerate(example.documents, start=1) if "special magic number" in doc]
+    assert 1 < len(needle_chunks) < example.num_chunks and listed.startswith("<global>Chunks ")
+    listed_ids = (
+        listed.removeprefix("<global>Chunks ").removesuffix(".</global>").replace(" and ", ", ").split(", ")
+    )
+    assert [int(c) for c in listed_ids] == needle_chunks
