@@ -43,6 +43,9 @@ class SFTSection(Section):
     lr_scheduler_type: str = "linear"
     weight_decay: float = 0.0  # AdamW weight decay
     logging_steps: int = 10  # log the loss every N steps
+    # Batch rows of similar length together (transformers' LengthGroupedSampler, TRL's group_by_length): a
+    # batch pads to its longest row, so mixing short and long contexts pays the long one's attention for all.
+    group_by_length: bool = False
     # Copy warm-up before SFT (rl/copy_warmup.py): short segments that hide a value token and copy it after
     # a protocol tag, the skill needle tasks need; at most this many steps (0 skips it), stopping once the
     # held-out copy accuracy reaches copy_warmup_target. SFT's learning rate, twice its batch of rows.
@@ -89,7 +92,7 @@ class SFTSection(Section):
             lr_scheduler_type=self.lr_scheduler_type, logging_steps=self.logging_steps, seed=run.seed,
             layout=run.prompt_layout(), deepspeed=deepspeed,
             copy_rows=self.copy_mix_rows, copy_from_step=self.copy_mix_from_step,
-            copy_segment=self.copy_warmup_segment,
+            copy_segment=self.copy_warmup_segment, group_by_length=self.group_by_length,
         )  # fmt: skip
 
 

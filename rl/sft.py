@@ -56,6 +56,9 @@ def encode_sft_row(example: Mapping, tokenizer, layout: LayoutSettings = DEFAULT
         "block_size": prompt.block_size,
         "thinking": prompt.thinking,
         "protocol_version": prompt.protocol_version,
+        # what a batch pads to, for group_by_length: the prompt's KV blocks (the completions are short). Not
+        # the exact token count: sorting by it would also sort rows by trace form, one form a batch
+        "length": prompt.num_blocks,
     }
 
 
@@ -133,6 +136,7 @@ class SFTConfig:
     copy_rows: int = 0  # rl.copy_rows.ValueCopyRows rows added to each step's loss (0: none)
     copy_from_step: int = 0  # the first step that adds them
     copy_segment: int = 24  # tokens per segment of a copy row
+    group_by_length: bool = False  # batches of rows of similar length (less padding; rows still shuffled)
 
     def __post_init__(self):
         for name in ("max_steps", "per_device_batch_size", "logging_steps"):
@@ -162,6 +166,8 @@ def training_arguments(config: SFTConfig, **overrides):
         save_strategy="no",
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
+        # group_by_length: train_sft has already put the rows in an order of length-grouped batches
+        train_sampling_strategy="sequential" if config.group_by_length else "random",
         disable_tqdm=not interactive(),  # off a terminal rl.console.ProgressLines prints lines instead
     )
     return TrainingArguments(**{**fields, **overrides})
@@ -173,6 +179,9 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
 
     encoded = Dataset.from_list([encode_sft_row(r, tokenizer, config.layout) for r in train_rows])
     args = training_arguments(config)
+    if config.group_by_length:  # one length per optimizer step, so every rank's micro-batches share it
+        step_rows = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+        encoded = encoded.select(length_grouped_order(encoded["length"], step_rows, config.seed))
     memory = getattr(model.config, "selective_attention", False) and config.memory_eps > 0
     collator = DACollator(tokenizer, model.config._attn_implementation or "sdpa", padding_mask=memory)
     trainer_cls, extra = (MemoryLossTrainer, {"memory": config}) if memory else (Trainer, {})
@@ -197,6 +206,34 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
     )
     quiet_trainer(trainer).train()
     return trainer
+
+
+def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int) -> list[int]:
+    """Row indices in an order whose consecutive runs of ``batch_size`` rows share one length: rows are
+    shuffled, cut into batches within each length, and the batches shuffled (the rows that fill no whole
+    batch of their length come last). Unlike transformers' ``group_by_length``, which sorts each
+    mega-batch, neither the rows of a batch nor the order of batches follows the length or anything
+    that correlates with it (a sort by exact tokens would put one trace form in a batch).
+
+    >>> order = length_grouped_order([7, 11, 7, 11, 7, 7], batch_size=2, seed=0)
+    >>> sorted(order), [{[7, 11, 7, 11, 7, 7][i] for i in order[j : j + 2]} for j in (0, 2, 4)]
+    ([0, 1, 2, 3, 4, 5], [{7}, {11}, {7}])
+    """
+    import random
+
+    rng = random.Random(seed)
+    rows = list(range(len(lengths)))
+    rng.shuffle(rows)
+    by_length: dict[int, list[int]] = {}
+    for i in rows:
+        by_length.setdefault(lengths[i], []).append(i)
+    batches, rest = [], []
+    for group in by_length.values():
+        whole = len(group) - len(group) % batch_size
+        batches += [group[j : j + batch_size] for j in range(0, whole, batch_size)]
+        rest += group[whole:]
+    rng.shuffle(batches)
+    return [i for batch in batches for i in batch] + rest
 
 
 class MemoryLossTrainer(Trainer):

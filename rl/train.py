@@ -186,8 +186,8 @@ class TrainRecipe:
             if handle_sigterm:
                 previous = signal.signal(signal.SIGTERM, self._on_sigterm)
             # evals run on every rank: under ZeRO-3 each takes part in gathering the weights
-            if cfg.eval.before_training:
-                self._once("eval_init", lambda: self.evaluate("init", step=0), every_rank=True)
+            if cfg.eval.before_training:  # `da` only: the random model answers nothing in any mode
+                self._once("eval_init", lambda: self.evaluate("init", step=0, modes=("da",)), every_rank=True)
             if cfg.sft.enabled:
                 if cfg.sft.copy_warmup_steps:
                     self._once("copy_warmup", self.copy_warmup, every_rank=True)
@@ -476,15 +476,24 @@ class TrainRecipe:
             )
             self._once(f"eval_{phase}_sampled", sampled, every_rank=True)
 
-    def evaluate(self, name: str, step: int, *, sampled: bool = False, push_weights: bool = True) -> None:
-        """Held-out da / da-nm / vanilla of the current model, into ``eval/<name>.json`` and the state;
-        ``sampled``: `da` only, eval.sampled_samples completions per example at grpo.temperature.
-        ``push_weights=False``: the pool already holds the current weights."""
+    def evaluate(
+        self,
+        name: str,
+        step: int,
+        *,
+        sampled: bool = False,
+        push_weights: bool = True,
+        modes: tuple[str, ...] | None = None,
+    ) -> None:
+        """Held-out eval.modes (da / da-nm / vanilla) of the current model, into ``eval/<name>.json`` and the
+        state; ``modes``: a subset of them instead; ``sampled``: `da` only, eval.sampled_samples completions
+        per example at grpo.temperature. ``push_weights=False``: the pool already holds the current weights."""
         from rl.evaluate import evaluate
         from rl.grpo import named_parameters_gathered
 
         cfg = self.config
-        modes, temperature, samples = tuple(cfg.eval.modes), cfg.eval.temperature, cfg.eval.samples
+        temperature, samples = cfg.eval.temperature, cfg.eval.samples
+        modes = tuple(m for m in cfg.eval.modes if modes is None or m in modes) or tuple(cfg.eval.modes)
         if sampled:
             modes, temperature, samples = ("da",), cfg.grpo.temperature, cfg.eval.sampled_samples
         weights = None
@@ -510,6 +519,7 @@ class TrainRecipe:
             self.state["eval"][name] = report.by_mode()
             self.state.setdefault("eval_examples", {})[name] = report.per_completion("da", SUMMARY_METRICS)
             console.print(report.summary_table(title=f"eval {name}"))
+            console.print(report.reads_table(title=f"eval {name}: KV reads"))
             console.print(f"[dim]per task and length: {self.run_dir / 'eval' / (name + '.json')}[/]")
 
         self.ranks.on_main(on_rank0)

@@ -1,14 +1,18 @@
 """SFT warm start under the DA mask: labels on the completion only, masks from the shared function."""
 
+import itertools
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from data.prompts import layout_example
 from rl.demo import acme_example
 from rl.demo import gold_completion as acme_gold
 from rl.logprobs import completion_logprobs, pack
 from rl.model import TinyModelConfig, build_tiny_model
-from rl.sft import IGNORE_INDEX, DACollator, SFTConfig, encode_sft_row, train_sft
+from rl.sft import IGNORE_INDEX, DACollator, SFTConfig, encode_sft_row, length_grouped_order, train_sft
 from rollouts.masks import trace_completion
 from rollouts.protocol import LayoutSettings, PromptLayout, token_bytes_table
 
@@ -162,3 +166,71 @@ def test_completion_loss_under_budgets(tokenizer, selective_attention):
     assert completion_loss_under_budgets(model, [batch], [longest, longest]) == pytest.approx(plain, rel=1e-6)
     assert completion_loss_under_budgets(model, [batch], None) == pytest.approx(plain, rel=1e-6)
     assert completion_loss_under_budgets(model, [batch], [8, 8]) != pytest.approx(plain, rel=1e-4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.sampled_from([7, 9, 11]), min_size=1, max_size=60),
+    batch_size=st.integers(1, 8),
+    seed=st.integers(0, 3),
+)
+def test_length_grouped_order_is_a_permutation_of_single_length_batches(lengths, batch_size, seed):
+    """Every whole batch holds one length; only the leftover rows (fewer than a batch of their length)
+    come last, in any mix; each row appears once."""
+    order = length_grouped_order(lengths, batch_size, seed)
+    assert sorted(order) == list(range(len(lengths)))
+    counts = {n: lengths.count(n) for n in set(lengths)}
+    whole = sum(c - c % batch_size for c in counts.values())
+    for start in range(0, whole, batch_size):
+        assert len({lengths[i] for i in order[start : start + batch_size]}) == 1
+    assert sorted(lengths[i] for i in order[whole:]) == sorted(
+        n for n, c in counts.items() for _ in range(c % batch_size)
+    )
+
+
+def test_length_grouped_batches_are_not_sorted_by_length_or_trace():
+    """transformers' group_by_length sorts each mega-batch by length; here 40 batches of two lengths come in
+    an order that alternates far more than a sort would (a sorted order switches length once)."""
+    lengths = [7] * 320 + [11] * 320
+    order = length_grouped_order(lengths, 16, seed=0)
+    firsts = [lengths[order[b * 16]] for b in range(40)]
+    assert sum(a != b for a, b in itertools.pairwise(firsts)) >= 10
+
+
+def test_sft_with_group_by_length_trains_on_single_length_batches(tokenizer, tmp_path):
+    """Rows of two prompt sizes: the trainer reads its dataset in order (no sampler reshuffles it), every
+    batch it collates holds one prompt size, and the run still trains."""
+    from dataclasses import asdict
+
+    from tests.data.helpers import generate
+
+    rows = [
+        asdict(generate(tokenizer, "niah_single", length, seed=s, chunk_tokens=27, trace_style="terse"))
+        for length in (130, 250)
+        for s in range(8)
+    ]
+    model = build_tiny_model(
+        tokenizer,
+        TinyModelConfig(
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=128,
+        ),
+    )
+    config = SFTConfig(
+        output_dir=str(tmp_path), max_steps=4, per_device_batch_size=4, logging_steps=1, group_by_length=True
+    )
+    trainer = train_sft(model.train(), tokenizer, rows, config)
+    batches = list(trainer.get_train_dataloader())
+    assert len(batches) == 4 and len(trainer.state.log_history) >= 4
+    blocks = [len(encode_sft_row(r, tokenizer)["prompt_ids"]) // 32 for r in rows]
+    assert len(set(blocks)) == 2
+    seen = trainer.train_dataset["length"]  # the order the sequential sampler reads
+    assert sorted(seen) == sorted(-(-len(encode_sft_row(r, tokenizer)["prompt_ids"]) // 32) for r in rows)
+    assert all(len(set(seen[i : i + 4])) == 1 for i in range(0, 16, 4))
+    # a batch of one prompt size pads no prompt row by a block or more
+    for batch in batches:
+        prompt_pad = (batch["input_ids"] == tokenizer.pad_token_id).int().argmin(1)
+        assert int(prompt_pad.max()) < 32
