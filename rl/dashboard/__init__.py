@@ -4,7 +4,8 @@
 - ``records``: a scored trajectory -> its record and a batch's step metrics (mode mix, KV, rewards).
 - ``attention_map``: decoding steps x KV blocks for one record, via the shared visibility rule.
 - ``charts`` / ``report``: the plotly figures and the self-contained HTML page (``heed dashboard``);
-  ``embed``: how a figure sits in the page; ``trajectory_views``: chosen trajectories and sample table.
+  ``embed``: how a figure sits in the page; ``trajectory_views``: chosen trajectories and sample table;
+  ``smoothing``: the smoothed line over every per-step series (TensorBoard's debiased EMA).
 - ``text_summary``: ``heed dashboard --text``; ``wandb_mirror``: ``heed dashboard --wandb``.
 - ``browser``: headless Chromium (browser test, README screenshot).
 - ``sample_run``: a tiny run directory from scored gold and perturbed traces (no training).

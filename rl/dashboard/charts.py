@@ -3,6 +3,11 @@
 Every function returns ``None`` when the run logged nothing it could draw, so a run still warming up
 (or a trainer that does not log some metric) gives a shorter report, never an error. Values go into
 the figures as plain lists, exactly as read from ``metrics.jsonl``, so a test can parse them back.
+
+A series over steps is drawn as wandb and TensorBoard draw it: the logged values as faint points, and
+over them the smoothed line (``smoothing.smooth``) in the same color, under one legend entry. The faint
+trace carries the metric's name as ``meta`` (its values are the file's); the smoothed trace shares its
+``legendgroup`` and has no ``meta``.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from rollouts.protocol import VIOLATION_KINDS
@@ -17,12 +23,15 @@ from rollouts.protocol import VIOLATION_KINDS
 from .attention_map import MASKED, AttentionMap
 from .records import MODES, bin_order
 from .run_dir import Run
+from .smoothing import SMOOTHING_WEIGHT, smooth
 
 PAPER_GLOBAL_SHARE = 0.27  # the DA paper's zero-shot <global> share of generated tokens (§6.1)
 MODE_COLORS = {"global": "#d62728", "focus": "#1f77b4", "local": "#2ca02c", "index": "#9467bd"}
 CHUNK_COLORS = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7e9c0")  # cycled over chunks
 MASKED_COLOR, SCAFFOLD_COLOR, GENERATED_COLOR = "#f0f0f0", "#636363", "#252525"
 INDEX_COLOR = "#9467bd"  # the index region (the index mode's color)
+LINE_COLORS = qualitative.Plotly  # a series' raw points and smoothed line share one, cycled over series
+RAW_OPACITY = 0.3  # the logged values stay visible behind the smoothed line, as in wandb and TensorBoard
 
 
 def _layout(fig: go.Figure, title: str, y_title: str, **extra) -> go.Figure:
@@ -39,16 +48,61 @@ def _layout(fig: go.Figure, title: str, y_title: str, **extra) -> go.Figure:
     return fig
 
 
-def _lines(run: Run, names: list[str], title: str, y_title: str, label: Callable[[str], str] = str, **extra):
-    """One line per metric (per phase when a run has several) over the lines that logged it."""
+def _add_series(
+    fig: go.Figure, name: str, steps: list[int], values: list[float], color: str, metric: str | None
+) -> None:
+    """The logged values as faint points and their smoothed line over them, toggled together.
+
+    ``metric``: the ``metrics.jsonl`` name whose values these are, ``None`` for a derived series."""
+    fig.add_trace(
+        go.Scatter(
+            x=steps,
+            y=values,
+            mode="lines+markers",
+            name=name,
+            meta=metric,
+            legendgroup=name,
+            showlegend=False,
+            opacity=RAW_OPACITY,
+            line={"color": color, "width": 1},
+            marker={"color": color, "size": 4},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=steps,
+            y=smooth(values),
+            mode="lines",
+            name=name,
+            legendgroup=name,
+            line={"color": color, "width": 2},
+            hovertemplate=f"%{{y:.4g}} (smoothed, weight {SMOOTHING_WEIGHT})",
+        )
+    )
+
+
+def _lines(
+    run: Run,
+    names: list[str],
+    title: str,
+    y_title: str,
+    label: Callable[[str], str] = str,
+    color: Callable[[str], str | None] = lambda name: None,
+    **extra,
+):
+    """One smoothed series per metric (per phase when a run has several) over the lines that logged it;
+    ``color`` picks a metric's color, the default cycles over :data:`LINE_COLORS`."""
     phases = sorted({row["phase"] for row in run.metrics})
+    logged = set(run.metric_names())  # the rest ``Run.series`` derived (older runs): no ``meta``
     fig = go.Figure()
     for name in names:
         for phase in phases:
             steps, values = run.series(name, phase)
             if steps:
                 trace_name = label(name) if len(phases) == 1 else f"{label(name)} ({phase})"
-                fig.add_trace(go.Scatter(x=steps, y=values, mode="lines+markers", name=trace_name, meta=name))
+                # every series adds two traces: len(fig.data) // 2 is this series' index
+                line_color = color(name) or LINE_COLORS[len(fig.data) // 2 % len(LINE_COLORS)]
+                _add_series(fig, trace_name, steps, values, line_color, name if name in logged else None)
     return _layout(fig, title, y_title, **extra) if fig.data else None
 
 
@@ -84,26 +138,23 @@ def by_length(kind: str):
 
 
 def mode_mix(run: Run):
-    """Share of generated tokens by predicted mode over steps (the paper's Figure 5a, per step)."""
-    fig = go.Figure()
-    for mode in MODES:
-        steps, values = run.series(f"mode_mix/{mode}")
-        if steps:
-            fig.add_trace(
-                go.Scatter(
-                    x=steps,
-                    y=values,
-                    name=mode,
-                    meta=f"mode_mix/{mode}",
-                    stackgroup="mix",
-                    line={"color": MODE_COLORS[mode]},
-                )
-            )
-    if not fig.data:
-        return None
-    # The paper's zero-shot figure for reference (a shape, not data): 27% of tokens in <global>.
-    fig.add_hline(y=PAPER_GLOBAL_SHARE, line_dash="dot", annotation_text="paper, zero-shot: 27% global")
-    return _layout(fig, "Mode mix: share of generated tokens by mode", "share", yaxis_range=[0, 1])
+    """Share of generated tokens by predicted mode over steps (the paper's Figure 5a, per step).
+
+    One line per mode rather than a stacked area: GRPO shifting tokens from ``<global>`` to focus and
+    local is a trend in each share, and a stacked area hides every band's trend but the bottom one's."""
+    fig = _lines(
+        run,
+        [f"mode_mix/{mode}" for mode in MODES],
+        "Mode mix: share of generated tokens by mode",
+        "share",
+        label=lambda name: name.split("/", 1)[1],
+        color=lambda name: MODE_COLORS[name.split("/", 1)[1]],
+        yaxis_range=[0, 1],
+    )
+    if fig is not None:
+        # The paper's zero-shot figure for reference (a shape, not data): 27% of tokens in <global>.
+        fig.add_hline(y=PAPER_GLOBAL_SHARE, line_dash="dot", annotation_text="paper, zero-shot: 27% global")
+    return fig
 
 
 def global_share_by_length(run: Run):
@@ -135,6 +186,19 @@ def mode_mix_by_length(run: Run):
         "share",
         barmode="stack",
         xaxis_title="context tokens",
+    )
+
+
+def kv_per_completion(run: Run):
+    """KV tokens one completion reads, DA against vanilla (causal attention over the same tokens):
+    what GRPO's efficiency reward teaches the policy to lower, independent of the batch size."""
+    label = {"kv/tokens_da_per_completion": "da", "kv/tokens_vanilla_per_completion": "vanilla"}.get
+    return _lines(
+        run,
+        ["kv/tokens_da_per_completion", "kv/tokens_vanilla_per_completion"],
+        "KV tokens read per completion: DA vs vanilla",
+        "KV tokens, summed over its decoding steps",
+        label,
     )
 
 
@@ -238,6 +302,7 @@ STEP_CHARTS = (
     ("mode_mix", mode_mix),
     ("mode_mix_by_length", mode_mix_by_length),
     ("global_share_by_length", global_share_by_length),
+    ("kv_per_completion", kv_per_completion),
     ("kv_tokens", kv_tokens),
     ("kv_saving", kv_saving),
     ("kv_bytes", kv_bytes),

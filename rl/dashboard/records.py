@@ -154,6 +154,10 @@ def step_metrics(
 
     decoded = [t for t in trajectories if len(t.completion_ids)]  # a failed rollout may hold no step
     out.update(_kv_reads([KVReads.from_trajectory(t) for t in decoded], cost, roofline or Roofline()))
+    # per completion, the quantity GRPO's efficiency reward pushes down (batch sums also grow with the
+    # batch); like decode/steps a rollout the pool gave up on read nothing and counts as 0
+    for name in ("kv/tokens_da", "kv/tokens_vanilla"):
+        out[f"{name}_per_completion"] = out[name] / len(trajectories) if trajectories else None
 
     generated = sum(len(t.completion_ids) for t in trajectories)
     out["decode/steps"] = generated / len(trajectories) if trajectories else None

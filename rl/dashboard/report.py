@@ -4,8 +4,8 @@ The page carries plotly.js inline (no network at view time). Each chart's figure
 JSON (``<script type="application/json" class="heed-figure" data-chart=NAME>``) and one small script
 draws them all, so the numbers in the page are exactly those read from the run directory — a test can
 parse them back. Sections: what was skipped while reading, the charts over steps
-(:data:`charts.STEP_CHARTS`), the da / da-nm / vanilla eval table, and chosen trajectories with their
-mode-colored text and attention map.
+(:data:`charts.STEP_CHARTS`; each series a smoothed line over its faint logged points), the da / da-nm /
+vanilla eval table, and chosen trajectories with their mode-colored text and attention map.
 """
 
 from __future__ import annotations
@@ -20,9 +20,14 @@ from plotly.offline import get_plotlyjs
 from . import charts
 from .embed import figure_block
 from .run_dir import Run, RunReader
+from .smoothing import SMOOTHING_WEIGHT
 from .trajectory_views import choose_trajectories, samples_table, trajectory_section
 
 EVAL_MODES = ("da", "da-nm", "vanilla")
+_SMOOTHING_NOTE = (
+    "Faint points: the values logged at each step. Lines: TensorBoard's smoothing of them (debiased "
+    f"exponential moving average, weight {SMOOTHING_WEIGHT}), the trend a single batch's noise hides."
+)
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1200px; color: #222; }
@@ -152,7 +157,8 @@ def render_report(run: Run, trajectory_ids: Sequence[str] = ()) -> str:
         f"<title>Heed run: {html.escape(run.root.name)}</title><style>{_CSS}</style>"
         f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
         f"<h1>Heed run: {html.escape(str(run.root))}</h1><p class='meta'>{meta}</p>{_skipped_section(run)}"
-        f"<h2>Over steps</h2>{missing_note}<div class='grid'>{''.join(blocks)}</div>"
+        f"<h2>Over steps</h2><p class='meta' id='smoothing-note'>{_SMOOTHING_NOTE}</p>{missing_note}"
+        f"<div class='grid'>{''.join(blocks)}</div>"
         f"<h2>Eval: da / da-nm / vanilla</h2>{_eval_section(run)}"
         f"<h2>Trajectories</h2>{samples_table(run)}{trajectories}"
         f"<script>{_DRAW}</script></body></html>"

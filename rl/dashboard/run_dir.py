@@ -23,6 +23,9 @@ A run directory is plain files, append-only, readable while the run is still wri
   tokens by the mode they were *predicted under*); ``kv/tokens_da`` (KV tokens the DA mask lets the
   batch read, summed over steps and completions), ``kv/tokens_vanilla`` (the same under causal
   attention), ``kv/saving`` (``1 - da / vanilla``), ``kv/bytes_da``, ``kv/bytes_vanilla``;
+  ``kv/tokens_da_per_completion``, ``kv/tokens_vanilla_per_completion`` (those two sums over the batch's
+  completions, a failed rollout counting with 0 like in ``decode/steps``; ``Run.series`` derives them
+  for lines written before they were logged);
   ``kv/tokens_da/layer_<NN>`` (per layer, only when Selective Attention eviction makes layers differ;
   ``kv/tokens_da`` is then their mean); ``decode/roofline_s_da``, ``decode/roofline_s_vanilla``
   (roofline decoding time of the batch, seconds, at the reward config's accelerator: matmuls plus
@@ -74,7 +77,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,16 +187,24 @@ class Run:
         """``(steps, values)`` of one metric over the lines that logged a number for it.
 
         A step logged twice in one phase (a run resumed from an earlier checkpoint re-logs the steps
-        after it) counts once, with its latest value, at its first place.
+        after it) counts once, with its latest value, at its first place. Lines written before
+        ``kv/tokens_<da|vanilla>_per_completion`` was logged give it as their batch sum over
+        ``rollouts/count`` when they logged both (every GRPO line did): the same number.
         """
+        total = _PER_COMPLETION_SUMS.get(name)
+
+        def value(row: dict) -> Any:
+            if total is None or name in row:
+                return row.get(name)
+            return _per_completion(row.get(total), row.get("rollouts/count"))
+
+        return self._points(value, phase)
+
+    def _points(self, value_of: Callable[[dict], Any], phase: str | None) -> tuple[list[int], list[float]]:
         points: dict[tuple[str, int], float] = {}
         for row in self.metrics:
-            value = row.get(name)
-            if (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and phase in (None, row["phase"])
-            ):
+            value = value_of(row)
+            if _is_number(value) and phase in (None, row["phase"]):
                 points[(row["phase"], row["step"])] = float(value)
         return [step for _, step in points], list(points.values())
 
@@ -275,6 +286,21 @@ class RunReader:
                 )
                 continue
             yield line_no, obj
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# per-completion metrics a run written before they were logged still has, as batch sums and a count
+_PER_COMPLETION_SUMS = {
+    "kv/tokens_da_per_completion": "kv/tokens_da",
+    "kv/tokens_vanilla_per_completion": "kv/tokens_vanilla",
+}
+
+
+def _per_completion(total: Any, count: Any) -> float | None:
+    return total / count if _is_number(total) and _is_number(count) and count > 0 else None
 
 
 def _metrics_row_problem(row: dict) -> str | None:

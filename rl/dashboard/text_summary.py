@@ -1,7 +1,9 @@
 """``heed dashboard RUN_DIR --text``: the latest numbers of a run in the terminal (rich).
 
-Shows the value at the latest step that logged each headline metric, its first logged value for
-comparison, the da / da-nm / vanilla eval table, and what the reader skipped.
+Shows each headline metric's first logged value, its value at the latest step that logged it and
+there the smoothed value the report's line ends at (``smoothing.smooth``: a single batch is noisy, the
+smoothed value is the trend; the smoothed first value is the first value itself, so it needs no column),
+then the da / da-nm / vanilla eval table, and what the reader skipped.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from rich.table import Table
 from .records import MODES
 from .report import EVAL_MODES
 from .run_dir import Run
+from .smoothing import smooth
 
 HEADLINE = (
     "reward/total",
@@ -20,6 +23,8 @@ HEADLINE = (
     "reward/compliance",
     "reward/coverage",
     *(f"mode_mix/{m}" for m in MODES),
+    "kv/tokens_da_per_completion",
+    "kv/tokens_vanilla_per_completion",
     "kv/tokens_da",
     "kv/tokens_vanilla",
     "kv/saving",
@@ -58,15 +63,13 @@ def print_summary(run: Run, console: Console | None = None) -> None:
     table.add_column("metric")
     table.add_column("first", justify="right")
     table.add_column("latest", justify="right")
+    table.add_column("smoothed", justify="right")
     table.add_column("at step", justify="right")
-    for name in HEADLINE:
+    violations = [n for n in run.metric_names() if n.startswith("violations/") and run.latest(n)]
+    for name in (*HEADLINE, *violations):
         at, values = run.series(name)
         if values:
-            table.add_row(name, _fmt(values[0]), _fmt(values[-1]), str(at[-1]))
-    violations = [n for n in run.metric_names() if n.startswith("violations/") and run.latest(n)]
-    for name in violations:
-        at, values = run.series(name)
-        table.add_row(name, _fmt(values[0]), _fmt(values[-1]), str(at[-1]))
+            table.add_row(name, _fmt(values[0]), _fmt(values[-1]), _fmt(smooth(values)[-1]), str(at[-1]))
     console.print(table if table.row_count else "[italic]no metrics logged yet[/]")
     for name, data in run.evals.items():
         ev = Table(title=f"Eval {name} (step {data.get('step')}): accuracy (RULER's) / KV tokens read")

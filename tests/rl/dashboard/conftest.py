@@ -21,6 +21,15 @@ def metrics_lines(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def debiased_ema(values: list[float], weight: float = 0.6) -> list[float]:
+    """TensorBoard's smoothing in closed form, not the recursion the dashboard runs: at the t-th point
+    (1-based) ``sum_k (1 - w) w^(t-k) x_k / (1 - w^t)``."""
+    return [
+        sum((1 - weight) * weight ** (t - k) * values[k] for k in range(t + 1)) / (1 - weight ** (t + 1))
+        for t in range(len(values))
+    ]
+
+
 @pytest.fixture(scope="session")
 def sample_run(tmp_path_factory) -> Path:
     from rl.dashboard.sample_run import write_sample_run

@@ -62,6 +62,9 @@ def test_kv_and_violation_metrics(batch):
         prompt_len + j for n in lengths for j in range(n)
     )  # causal: position + 1, from prompt_len - 1
     assert metrics["kv/tokens_vanilla"] == vanilla
+    assert metrics["kv/tokens_vanilla_per_completion"] == vanilla / 2  # two completions
+    da = sum(int(t.trace.kv_tokens.sum()) for t in trajectories)
+    assert metrics["kv/tokens_da"] == da and metrics["kv/tokens_da_per_completion"] == da / 2
     assert metrics["kv/bytes_vanilla"] == vanilla * 2 * 2 * 1 * 32 * 2
     assert metrics["kv/saving"] == pytest.approx(1 - metrics["kv/tokens_da"] / vanilla)
     assert metrics["violations/unknown_chunk"] == 0.5 and metrics["violations/empty_focus"] == 0.5
@@ -142,3 +145,5 @@ def test_a_rollout_without_tokens_counts_nothing(batch, tokenizer, token_table):
     without = step_metrics(trajectories, rewards, cost)
     for key in ("kv/tokens_da", "kv/tokens_vanilla", "kv/bytes_da", "decode/roofline_s_vanilla"):
         assert with_empty[key] == without[key]
+    # per completion it counts, with 0 reads, as in decode/steps (rollouts/failed says why it read nothing)
+    assert with_empty["kv/tokens_da_per_completion"] == without["kv/tokens_da"] / 3

@@ -3,16 +3,18 @@
 import html
 import json
 import re
+from collections import defaultdict
 
 import numpy as np
 import pytest
 
 from rl.dashboard import RunReader, RunWriter, render_report
-from rl.dashboard.charts import STEP_CHARTS
+from rl.dashboard.charts import MODE_COLORS, STEP_CHARTS
 
-from .conftest import figures, metrics_lines
+from .conftest import debiased_ema, figures, metrics_lines
 
 NOT_IN_SAMPLE_RUN = {"importance_ratios", "kv_by_layer"}  # no policy (ratios), no eviction (layers)
+NOT_OVER_STEPS = {"mode_mix_by_length", "eval_comparison"}  # bars: the latest step, the eval files
 
 
 def test_page_is_self_contained(report_page):
@@ -150,6 +152,96 @@ def test_eviction_run_draws_per_layer_reads(tmp_path):
     for step, (layer0, layer1) in logged.items():
         writer.log_metrics(step, "grpo", {"kv/tokens_da/layer_00": layer0, "kv/tokens_da/layer_01": layer1})
     page = render_report(RunReader(tmp_path).read())
-    lines = {t["name"]: t["y"] for t in figures(page)["kv_by_layer"]["data"]}
+    lines = {t["name"]: t["y"] for t in figures(page)["kv_by_layer"]["data"] if t.get("meta")}
     assert lines == {"layer_00": [900, 880], "layer_01": [400, 310]}
     assert "kv_by_layer" not in re.search(r'id="charts-missing">([^<]*)<', page).group(1)
+
+
+def sample_records(run_dir) -> list[dict]:
+    """Every trajectory of the sample run (it records its whole batch at every step)."""
+    return [json.loads(x) for x in (run_dir / "trajectories" / "samples.jsonl").read_text().splitlines()]
+
+
+def series_pairs(fig: dict) -> dict[str, tuple[dict, dict]]:
+    """Legend name -> (faint logged trace, smoothed trace), paired by their shared legendgroup."""
+    groups = defaultdict(list)
+    for trace in fig["data"]:
+        if trace["type"] == "scatter" and trace.get("legendgroup"):
+            groups[trace["legendgroup"]].append(trace)
+    pairs = {}
+    for group, traces in groups.items():
+        assert len(traces) == 2, group
+        raw, smoothed = sorted(traces, key=lambda t: t["mode"] != "lines+markers")
+        pairs[smoothed["name"]] = (raw, smoothed)
+    return pairs
+
+
+def test_every_series_over_steps_has_a_smoothed_line_over_faint_points(report_page):
+    """wandb / TensorBoard's convention: the logged values faint, their debiased EMA (weight 0.6) a
+    solid line of the same color, one legend entry for both."""
+    figs = figures(report_page[1])
+    smoothed_charts = set()
+    for name, fig in figs.items():
+        for label, (raw, smoothed) in series_pairs(fig).items():
+            assert raw["opacity"] == 0.3 and raw["showlegend"] is False and raw["name"] == label
+            assert smoothed["mode"] == "lines" and "meta" not in smoothed and "opacity" not in smoothed
+            assert smoothed["line"]["color"] == raw["line"]["color"]
+            assert smoothed["x"] == raw["x"]
+            assert smoothed["y"] == pytest.approx(debiased_ema(raw["y"]), rel=1e-12, abs=1e-12), (name, label)
+            smoothed_charts.add(name)
+    over_steps = {name for name, _ in STEP_CHARTS} - NOT_IN_SAMPLE_RUN - NOT_OVER_STEPS
+    assert smoothed_charts == over_steps
+    assert "(debiased exponential moving average, weight 0.6)" in report_page[1]
+
+
+def test_reads_per_completion_chart_equals_the_trajectories(report_page, sample_run):
+    """KV tokens read per completion, DA and vanilla, counted here from every recorded trajectory."""
+    pairs = series_pairs(figures(report_page[1])["kv_per_completion"])
+    assert sorted(pairs) == ["da", "vanilla"]
+    by_step = defaultdict(list)
+    for record in sample_records(sample_run):
+        by_step[record["step"]].append(record)
+    for label, field in (("da", "kv_tokens"), ("vanilla", "kv_tokens_vanilla")):
+        raw, smoothed = pairs[label]
+        expected = [sum(sum(r[field]) for r in by_step[s]) / len(by_step[s]) for s in sorted(by_step)]
+        assert raw["meta"] == f"kv/tokens_{label}_per_completion"
+        assert raw["x"] == sorted(by_step) and raw["y"] == pytest.approx(expected)
+        assert smoothed["y"] == pytest.approx(debiased_ema(expected))
+    da, vanilla = pairs["da"][0]["y"], pairs["vanilla"][0]["y"]
+    assert all(d <= v for d, v in zip(da, vanilla, strict=True))  # the mask never reads more
+
+
+def test_mode_mix_lines_equal_hand_counted_token_shares(report_page, sample_run):
+    """One line per mode in its color (no stacking), each the share of the step's generated tokens
+    predicted under that mode, counted here from the records; the smoothed shares still sum to 1."""
+    fig = figures(report_page[1])["mode_mix"]
+    pairs = series_pairs(fig)
+    assert list(pairs) == ["global", "focus", "local", "index"]
+    assert all("stackgroup" not in t for t in fig["data"])
+    modes_by_step = defaultdict(list)
+    for record in sample_records(sample_run):
+        modes_by_step[record["step"]] += [record["states"][i]["mode"] for i in record["predicted_state"]]
+    for mode, (raw, smoothed) in pairs.items():
+        assert raw["line"]["color"] == MODE_COLORS[mode]
+        expected = [modes.count(mode) / len(modes) for _, modes in sorted(modes_by_step.items())]
+        assert raw["y"] == pytest.approx(expected)
+        assert smoothed["y"] == pytest.approx(debiased_ema(expected), abs=1e-12)
+    totals = np.sum([smoothed["y"] for _, smoothed in pairs.values()], axis=0)
+    assert totals == pytest.approx(np.ones(len(modes_by_step)))
+
+
+def test_runs_before_the_per_completion_metric_get_it_from_batch_sums(tmp_path):
+    """A GRPO run written before ``kv/tokens_*_per_completion`` was logged: the chart divides the batch
+    sums by ``rollouts/count``, and marks the lines as derived (no ``meta``)."""
+    writer = RunWriter(tmp_path)
+    writer.log_metrics(0, "sft", {"loss": 2.0})
+    logged = {1: (8000, 20000, 8), 2: (6000, 20000, 8), 3: (2500, 10000, 5)}  # da, vanilla, count
+    for step, (da, vanilla, count) in logged.items():
+        writer.log_metrics(
+            step, "grpo", {"kv/tokens_da": da, "kv/tokens_vanilla": vanilla, "rollouts/count": count}
+        )
+    pairs = series_pairs(figures(render_report(RunReader(tmp_path).read()))["kv_per_completion"])
+    raw, smoothed = pairs["da (grpo)"]
+    assert raw["x"] == [1, 2, 3] and raw["y"] == [1000, 750, 500] and raw.get("meta") is None
+    assert smoothed["y"] == pytest.approx([1000, 1000 - 250 * 0.4 / 0.64, debiased_ema([1000, 750, 500])[2]])
+    assert pairs["vanilla (grpo)"][0]["y"] == [2500, 2500, 2000]
