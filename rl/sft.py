@@ -19,6 +19,7 @@ pick the evidence chunk from gold traces, but copying the value needs denser tar
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -219,8 +220,6 @@ def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int) -> 
     >>> sorted(order), [{[7, 11, 7, 11, 7, 7][i] for i in order[j : j + 2]} for j in (0, 2, 4)]
     ([0, 1, 2, 3, 4, 5], [{7}, {11}, {7}])
     """
-    import random
-
     rng = random.Random(seed)
     rows = list(range(len(lengths)))
     rng.shuffle(rows)
