@@ -118,6 +118,7 @@ def _draw(config, task: Task, target, split, index, count, seen: dict[str, str],
                 trace_style=config.trace_style,
                 trace_navigation=config.trace_navigation,
                 trace_strategies=config.trace_strategies,
+                trace_chunk_ids=config.trace_chunk_ids,
             )
     raise DataError(
         f"task {task.name}: could not draw a new example after {MAX_ATTEMPTS} attempts at {split} index "

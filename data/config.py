@@ -18,7 +18,7 @@ import yaml
 from .importers import IMPORTERS
 from .schema import METRICS, DataError
 from .tasks import make_task
-from .traces import NAVIGATIONS, STRATEGIES, TRACE_STYLES
+from .traces import CHUNK_ID_FORMS, NAVIGATIONS, STRATEGIES, TRACE_STYLES
 
 SPLITS = ("train", "validation", "test")
 OOD_SPLIT = "ood"
@@ -69,6 +69,10 @@ class DataConfig:
     # "plan" names the chunk in global first, "direct" focuses at once, "candidates" lists every chunk
     # holding a look-alike needle first, "global" reads the value without a focus.
     trace_strategies: dict[str, float] = field(default_factory=lambda: {"plan": 1.0})
+    # How terse focus tags write chunk ids (data/traces.py CHUNK_ID_FORMS): "digits" (magic_chunks="5") or
+    # "header" (magic_chunks=" 5": the token of the chunk's header, so a focus that names its chunk at
+    # once copies that token, as a plan does).
+    trace_chunk_ids: str = "digits"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,6 +125,7 @@ def parse_config(raw: dict) -> DataConfig:
     )
     _require(config.trace_style in TRACE_STYLES, "trace_style", f"must be one of {TRACE_STYLES}")
     _require(config.trace_navigation in NAVIGATIONS, "trace_navigation", f"must be one of {NAVIGATIONS}")
+    _require(config.trace_chunk_ids in CHUNK_ID_FORMS, "trace_chunk_ids", f"must be one of {CHUNK_ID_FORMS}")
     strategies = config.trace_strategies
     _require(
         isinstance(strategies, dict)

@@ -104,6 +104,10 @@ _THINK_CHECK = ("Let me check: ", "Working it out: ", "", "Now I combine what I 
 
 TRACE_STYLES = ("verbose", "terse")
 STRATEGIES = ("plan", "direct", "candidates", "global")  # terse one-hop reads (above)
+# How a terse focus tag writes its chunk ids: "digits" (magic_chunks="5") or "header" (magic_chunks=" 5",
+# each id after a space, as it stands in the chunk's "Magic Chunk 5:" header and in the plan's "Chunk 5.",
+# so it is the same token there, the rule the values follow). The parser reads both alike.
+CHUNK_ID_FORMS = ("digits", "header")
 NAVIGATIONS = ("global", "index", "mixed")  # mixed: each example draws global or index (data/tasks/base.py)
 
 
@@ -151,17 +155,20 @@ def render_trace(
     style: str = "verbose",
     navigation: str = "global",
     strategy: str = "plan",
+    chunk_ids: str = "digits",
 ) -> str:
     """One gold completion for ``plan`` in ``style``, planning in the ``navigation`` mode with
-    ``strategy`` (terse only); the wording is drawn from ``rng``."""
+    ``strategy``, focus tags writing ``chunk_ids`` (both terse only); the wording is drawn from ``rng``."""
     if style not in TRACE_STYLES:
         raise ValueError(f"trace style must be one of {TRACE_STYLES}, got {style!r}")
     if navigation not in ("global", "index"):
         raise ValueError(f"trace navigation must be global or index, got {navigation!r}")
     if strategy not in STRATEGIES:
         raise ValueError(f"trace strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if chunk_ids not in CHUNK_ID_FORMS:
+        raise ValueError(f"trace chunk ids must be one of {CHUNK_ID_FORMS}, got {chunk_ids!r}")
     if style == "terse":
-        return _render_terse(plan, thinking, navigation, strategy)
+        return _render_terse(plan, thinking, navigation, strategy, chunk_ids)
     if strategy != "plan":
         raise ValueError(f"trace strategy {strategy!r} needs the terse style; verbose traces always plan")
     nav = navigation
@@ -198,7 +205,9 @@ def render_trace(
     return f"<think>\n{body}\n</think>\n{answer}" if thinking else f"{body}\n{answer}"
 
 
-def _render_terse(plan: TracePlan, thinking: bool, nav: str, strategy: str = "plan") -> str:
+def _render_terse(
+    plan: TracePlan, thinking: bool, nav: str, strategy: str = "plan", ids: str = "digits"
+) -> str:
     answer = f"<answer> {plan.answer}</answer>"
     if plan.minimal:
         return f"<think>\n{plan.combine}\n</think>\n{answer}" if thinking else answer
@@ -208,7 +217,7 @@ def _render_terse(plan: TracePlan, thinking: bool, nav: str, strategy: str = "pl
     elif plan.chained:
         for read in plan.reads:
             segments.append(f"<{nav}>{_terse_where(read.chunks)}</{nav}>")
-            segments.append(_terse_focus(read))
+            segments.append(_terse_focus(read, ids))
     elif strategy == "global":
         found = "; ".join(f"{_terse_where(r.chunks)[:-1]}: {r.span}" for r in plan.reads)
         segments.append(f"<global>{found}.</global>")
@@ -218,7 +227,7 @@ def _render_terse(plan: TracePlan, thinking: bool, nav: str, strategy: str = "pl
             segments.append(f"<{nav}>{_terse_where(plan.candidates)}</{nav}>")
         elif strategy != "direct":
             segments.append(f"<{nav}>{_terse_where(chunks)}</{nav}>")
-        segments.extend(_terse_focus(r) for r in plan.reads)
+        segments.extend(_terse_focus(r, ids) for r in plan.reads)
     if plan.combine:
         segments.append(f"<local>{plan.combine}</local>")
     body = "\n".join(segments)
@@ -230,8 +239,9 @@ def _terse_where(chunks) -> str:
     return f"Chunk{'s' if len(chunks) > 1 else ''} {_chunk_list(chunks)}."
 
 
-def _terse_focus(read: Read) -> str:
-    return f'<focus magic_chunks="{",".join(map(str, read.chunks))}"> {read.span}</focus>'
+def _terse_focus(read: Read, ids: str = "digits") -> str:
+    listed = ",".join(map(str, read.chunks)) if ids == "digits" else "".join(f" {c}" for c in read.chunks)
+    return f'<focus magic_chunks="{listed}"> {read.span}</focus>'
 
 
 def render_traces(
@@ -240,10 +250,11 @@ def render_traces(
     style: str = "verbose",
     navigation: str = "global",
     strategy: str = "plan",
+    chunk_ids: str = "digits",
 ) -> tuple[str, str]:
     """(non-thinking, thinking) gold completions in ``style``, ``navigation`` and ``strategy``, worded
     independently."""
     return (
-        render_trace(plan, rng, False, style, navigation, strategy),
-        render_trace(plan, rng, True, style, navigation, strategy),
+        render_trace(plan, rng, False, style, navigation, strategy, chunk_ids),
+        render_trace(plan, rng, True, style, navigation, strategy, chunk_ids),
     )

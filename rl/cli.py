@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 
 def _protocol_demo(args: argparse.Namespace) -> int:
@@ -456,5 +457,17 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
 
 
+def run() -> NoReturn:
+    """The `heed` console script: :func:`main`, then the process's end. Where ``rl.distributed`` was
+    imported (the commands that train) the process ends through its ``exit_process``, so that a finished
+    job is not reported failed by gloo's teardown at interpreter exit; without a process group that is
+    ``sys.exit`` as for every other command."""
+    code = main()
+    distributed = sys.modules.get("rl.distributed")
+    if distributed is not None:
+        distributed.exit_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -3,23 +3,48 @@
 DeepSpeed (through accelerate) initializes a default process group and never tears it down. Left to
 interpreter exit, gloo's C++ worker threads can be destroyed while still joinable, and the process dies
 with ``terminate called without an active exception`` (SIGABRT, exit -6) *after* the work succeeded —
-an intermittent failure that makes a finished run look crashed. Every entry point that may have
-trained under DeepSpeed calls :func:`release_process_group` on its way out.
+an intermittent failure that makes a finished run look crashed: torchrun then reports the job failed.
+Every entry point that may have trained under DeepSpeed or torchrun calls :func:`release_process_group`
+on its way out, and a process ends through :func:`exit_process`: Python's own exit, then no C++ teardown.
 
 :class:`TrainerRanks` is how the `heed train` recipe runs as several trainer processes (torchrun,
 accelerate launch, or `heed launch`'s Ray Train worker group): who is rank 0, and how the others wait
 for what rank 0 does alone.
 """
 
+import atexit
+import os
+import sys
+from typing import NoReturn
+
 import torch.distributed as dist
+
+_released_a_group = False  # this process has had a process group (and so, maybe, gloo's threads)
 
 
 def release_process_group() -> None:
     """Destroy the default process group if one exists (no-op otherwise, safe to call twice).
 
     No barrier: this also runs on the way out of a failed step, where a peer may already be gone."""
+    global _released_a_group
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        _released_a_group = True
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process with ``code``. After a process group, run Python's exit handlers (Ray's and
+    wandb's shutdown, logging's flush, temporary directories), flush stdio, and leave with ``os._exit``
+    so that no C++ static destructor runs: the gloo and rendezvous-store threads that can abort there
+    (module docstring) are left to the OS. Without one this is ``sys.exit(code)``. Objects that only a
+    full interpreter teardown would finalize are not: whatever must reach disk is closed before this."""
+    release_process_group()
+    if not _released_a_group:
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class RankZeroFailed(RuntimeError):

@@ -71,6 +71,7 @@ def finalize(
     trace_style: str = "verbose",
     trace_navigation: str = "global",
     trace_strategies: dict[str, float] | None = None,
+    trace_chunk_ids: str = "digits",
 ) -> Example:
     """Turn a draft into a validated ``Example`` with token counts and gold traces."""
     context_tokens = sum(count(draft.documents))
@@ -82,7 +83,9 @@ def finalize(
     if trace_navigation == "mixed":  # both forms in one dataset, so RL can choose between them
         trace_navigation = rng.choice(("global", "index"))
     strategy = draw_strategy(rng, trace_strategies)
-    gold, gold_thinking = render_traces(draft.plan, rng, trace_style, trace_navigation, strategy)
+    gold, gold_thinking = render_traces(
+        draft.plan, rng, trace_style, trace_navigation, strategy, trace_chunk_ids
+    )
     example = Example(
         id=example_id,
         task=task,

@@ -62,7 +62,7 @@ class WeightUpdates:
             self._check_actors()  # an actor that died since the last call is replaced, not a failed update
             items = [(name, t.detach().to("cpu", copy=True)) for name, t in items]
             self._weights = ray.put(items)
-            ray.get([a.load_weights.remote(self._weights) for a in self.actors])
+            self._load_on_every_actor()
             nbytes = sum(t.numel() * t.element_size() for _, t in items)
             stats = SyncStats(len(items), nbytes, time.monotonic() - started)
         self.last_sync = stats
@@ -70,6 +70,24 @@ class WeightUpdates:
                     self.config.weight_sync, stats.tensors, stats.bytes / 1e6, len(self.actors),
                     time.monotonic() - started)  # fmt: skip
         return stats
+
+    def _load_on_every_actor(self) -> None:
+        """Every actor loads ``_weights`` from the object store. One that dies meanwhile (it answered the
+        ping, then went: a kill or an OOM is not instant) is replaced like one found dead before: its
+        replacement loads ``_weights`` before anything else, and is waited for."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        refs = [a.load_weights.remote(self._weights) for a in self.actors]
+        died = []
+        for slot, ref in enumerate(refs):
+            try:
+                ray.get(ref)
+            except RayActorError:
+                died.append(slot)
+        for slot in died:
+            self._replace_actor(slot)
+        self._await_replacements()
 
     # -- broadcast ---------------------------------------------------------------------------------------
 

@@ -210,6 +210,29 @@ def test_each_strategy_reads_one_needle_its_own_way():
     assert len(forms) == 1
 
 
+def test_header_chunk_ids_are_the_header_token_and_parse_as_digits(tokenizer):
+    """trace_chunk_ids "header": each focus id written after a space, so the id is the very token of the
+    chunk's "Magic Chunk 5:" header and the plan's "Chunk 5." (checked on the local tokenizer); the
+    parser reads it as the digits form."""
+    direct = render_trace(NEEDLE, random.Random(0), False, "terse", strategy="direct", chunk_ids="header")
+    assert direct == '<focus magic_chunks=" 5"> 63</focus>\n<answer> 63</answer>'
+    digits = render_trace(NEEDLE, random.Random(0), False, "terse", strategy="direct")
+    for trace in (direct, digits):
+        (focus,) = [s for s in parse_completion(trace, 7, version=4).segments if s.mode == "focus"]
+        assert focus.chunks == (5,)
+    five = tokenizer.encode(" 5", add_special_tokens=False)
+    assert len(five) == 1
+    for text in (direct, "Magic Chunk 5: One", "<global>Chunk 5.</global>"):
+        assert five[0] in tokenizer.encode(text, add_special_tokens=False), text
+    assert five[0] not in tokenizer.encode(digits, add_special_tokens=False)
+    two = TracePlan(answer="X", reads=(Read((2, 7), "x"),))
+    assert '<focus magic_chunks=" 2 7">' in render_trace(
+        two, random.Random(0), False, "terse", chunk_ids="header"
+    )
+    with pytest.raises(ValueError, match="chunk ids must be one of"):
+        render_trace(NEEDLE, random.Random(0), False, "terse", chunk_ids="words")
+
+
 def test_strategies_other_than_plan_need_the_terse_style():
     with pytest.raises(ValueError, match="terse"):
         render_trace(NEEDLE, random.Random(0), thinking=False, style="verbose", strategy="direct")

@@ -74,5 +74,7 @@ def main(argv: list[str]) -> int:
     return heed(argv)
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # ends as the `heed` console script does (rl.cli.run)
+    from rl.distributed import exit_process
+
+    exit_process(main(sys.argv[1:]))

@@ -430,6 +430,8 @@ def test_the_protocol_version_travels_from_the_run_section_into_every_layout_and
     default = load_run_config(None)  # the embedded default stays on v3 and planning traces
     assert default.run.prompt_layout().protocol_version == 3
     assert default.data.data_config().trace_strategies == {"plan": 1.0}
+    assert config.data.data_config().trace_chunk_ids == raw["data"]["build"]["trace_chunk_ids"] == "header"
+    assert default.data.data_config().trace_chunk_ids == "digits"
     assert (
         load_run_config("configs/tiny-reads.yaml", ["run.protocol_version=3"])
         .run.prompt_layout()
@@ -440,3 +442,5 @@ def test_the_protocol_version_travels_from_the_run_section_into_every_layout_and
         load_run_config("configs/tiny-reads.yaml", ["run.protocol_version=5"])
     with pytest.raises(ConfigError, match=r"trace_strategies"):
         load_run_config("configs/tiny-reads.yaml", ["data.build.trace_strategies={skim: 1.0}"])
+    with pytest.raises(ConfigError, match=r"trace_chunk_ids.*one of \('digits', 'header'\)"):
+        load_run_config("configs/tiny-reads.yaml", ["data.build.trace_chunk_ids=words"])

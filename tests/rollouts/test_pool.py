@@ -95,17 +95,40 @@ def test_killed_actor_mid_batch_returns_every_trajectory_once(ray_pool, acme, to
     assert_logprobs(out, want)
 
 
-def test_actor_dead_between_steps_is_replaced_by_the_next_update(ray_pool, acme, tokenizer, tiny_model_dir):
-    """An actor that died while the trainer was busy: the next weight update replaces it (rather than
-    failing the step) and every actor, the replacement included, decodes with the new weights."""
+def lose(ray, actor) -> None:
+    """Kill ``actor`` and return once Ray reports it dead (``ray.kill`` only asks for it)."""
+    from ray.exceptions import RayActorError
+
+    ray.kill(actor, no_restart=True)
+    while True:
+        try:
+            ray.get(actor.pid.remote(), timeout=60)
+        except RayActorError:
+            return
+        time.sleep(0.1)
+
+
+def test_actors_dead_between_steps_are_replaced_by_the_next_update(
+    ray_pool, acme, tokenizer, tiny_model_dir, monkeypatch
+):
+    """Actors that died while the trainer was busy: the next weight update replaces them (rather than
+    failing the step), both the one found dead by the update's ping and one that answered the ping and
+    died before loading the weights; every actor, the replacements included, decodes with the new ones."""
     ray, pool = ray_pool
     newer = perturbed_model(tiny_model_dir, seed=2)
     restarts = pool.restarts
-    ray.kill(pool.actors[1], no_restart=True)
+    lose(ray, pool.actors[1])
+    check = pool._check_actors
+
+    def check_then_lose_actor_0():
+        check()
+        lose(ray, pool.actors[0])
+
+    monkeypatch.setattr(pool, "_check_actors", check_then_lose_actor_0)
     pool.update_weights(newer.state_dict())
-    assert pool.restarts == restarts + 1
+    assert pool.restarts == restarts + 2
     out = pool.generate(gold_requests(acme, 4))
-    assert len({t.extra["actor_pid"] for t in out}) == 2  # both actors, the replacement included
+    assert len({t.extra["actor_pid"] for t in out}) == 2  # both actors, the replacements
     (want,) = ReferenceEngine(newer, tokenizer, num_threads=1).generate(gold_requests(acme, 1))
     assert_logprobs(out, want)
 
