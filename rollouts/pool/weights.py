@@ -75,17 +75,7 @@ class WeightUpdates:
         """Every actor loads ``_weights`` from the object store. One that dies meanwhile (it answered the
         ping, then went: a kill or an OOM is not instant) is replaced like one found dead before: its
         replacement loads ``_weights`` before anything else, and is waited for."""
-        import ray
-        from ray.exceptions import RayActorError
-
-        refs = [a.load_weights.remote(self._weights) for a in self.actors]
-        died = []
-        for slot, ref in enumerate(refs):
-            try:
-                ray.get(ref)
-            except RayActorError:
-                died.append(slot)
-        for slot in died:
+        for slot in _dead_slots([a.load_weights.remote(self._weights) for a in self.actors]):
             self._replace_actor(slot)
         self._await_replacements()
 
@@ -128,7 +118,6 @@ class WeightUpdates:
         the update goes to the others); one that does not answer within ``weight_sync_timeout_s`` fails the
         update, so no broadcast group is ever formed around it."""
         import ray
-        from ray.exceptions import RayActorError
 
         timeout = self.config.weight_sync_timeout_s
         while True:
@@ -143,12 +132,7 @@ class WeightUpdates:
                     f"weight sync: rollout actor(s) {slots} did not answer within {timeout:g}s (busy or "
                     "hung); no weights were sent (raise weight_sync_timeout_s if they are only slow)"
                 )
-            dead = []
-            for slot, ref in enumerate(refs):
-                try:
-                    ray.get(ref)
-                except RayActorError:
-                    dead.append(slot)
+            dead = _dead_slots(refs)
             if not dead:
                 return
             for slot in dead:
@@ -232,3 +216,17 @@ def _sync_failure(
     timed_out = bool(late) or isinstance(err, WeightSyncTimeout | GetTimeoutError)
     cls = WeightSyncTimeout if timed_out else WeightSyncError
     return cls(f"weight sync {stage} failed ({'; '.join(notes) or 'every actor answered'}): {err}")
+
+
+def _dead_slots(refs: list) -> list[int]:
+    """The slots whose call (one per actor, by slot) failed because its actor died."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    dead = []
+    for slot, ref in enumerate(refs):
+        try:
+            ray.get(ref)
+        except RayActorError:
+            dead.append(slot)
+    return dead
