@@ -46,6 +46,10 @@ class SFTSection(Section):
     # Batch rows of similar length together (transformers' LengthGroupedSampler, TRL's group_by_length): a
     # batch pads to its longest row, so mixing short and long contexts pays the long one's attention for all.
     group_by_length: bool = False
+    # bf16 mixed precision (transformers' `bf16`): matmuls under bfloat16 autocast, weights, optimizer and
+    # loss in the model's dtype. Needs bf16 kernels: a CPU without AVX512-BF16 or AMX would emulate them,
+    # so there SFT runs in float32 and says so.
+    bf16: bool = False
     # Copy warm-up before SFT (rl/copy_warmup.py): short segments that hide a value token and copy it after
     # a protocol tag, the skill needle tasks need; at most this many steps (0 skips it), stopping once the
     # held-out copy accuracy reaches copy_warmup_target. SFT's learning rate, twice its batch of rows.
@@ -92,7 +96,7 @@ class SFTSection(Section):
             lr_scheduler_type=self.lr_scheduler_type, logging_steps=self.logging_steps, seed=run.seed,
             layout=run.prompt_layout(), deepspeed=deepspeed,
             copy_rows=self.copy_mix_rows, copy_from_step=self.copy_mix_from_step,
-            copy_segment=self.copy_warmup_segment, group_by_length=self.group_by_length,
+            copy_segment=self.copy_warmup_segment, group_by_length=self.group_by_length, bf16=self.bf16,
         )  # fmt: skip
 
 

@@ -113,6 +113,22 @@ def copy_accuracy(model, rows: ValueCopyRows, n: int = 64) -> float:
     return (predicted[scored] == labels[:, 1:][scored]).float().mean().item()
 
 
+def value_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of the labelled tokens of copy rows, the loss ``model(input_ids, labels=labels)``
+    computes, with logits for the rows that predict a label only: a copy row labels one token per segment,
+    so the full ``[B, T, vocab]`` projection would be spent on ``T / segment`` useful rows. Every row of the
+    batch must label the same positions (:class:`ValueCopyRows` rows do).
+    """
+    labelled = labels != IGNORE_INDEX  # [B, T]
+    if not bool((labelled == labelled[0]).all()) or bool(labelled[:, 0].any()):
+        raise ValueError("value_loss: every row must label the same positions, none at position 0")
+    targets = labelled[0].nonzero().squeeze(1)  # [K] positions of the labels
+    logits = model(
+        input_ids=input_ids, logits_to_keep=targets - 1
+    ).logits  # [B, K, vocab]: rows t - 1 predict t
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels[:, targets].flatten())
+
+
 def with_copy_rows(trainer_cls: type[Trainer]) -> type[Trainer]:
     """``trainer_cls`` whose loss, from step ``copy_from_step`` on, adds the mean loss of
     ``copy_per_step`` :class:`ValueCopyRows` rows (the next ones each step; logged as ``copy_loss``):
@@ -134,7 +150,7 @@ def with_copy_rows(trainer_cls: type[Trainer]) -> type[Trainer]:
             first = ((step - self.copy_from_step) * self.copy_per_step) % len(self.copy_rows)
             rows = [self.copy_rows[(first + i) % len(self.copy_rows)] for i in range(self.copy_per_step)]
             batch = {k: torch.stack([r[k] for r in rows]).to(model.device) for k in ("input_ids", "labels")}
-            copy_loss = model(**batch).loss
+            copy_loss = value_loss(model, **batch)
             self._copy_losses.append(float(copy_loss.detach()))
             if return_outputs:
                 loss, outputs = out

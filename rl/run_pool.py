@@ -11,6 +11,7 @@ has the GPUs (:class:`~rollouts.pool.ColocatedPool`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from rl.config import RunConfig
@@ -20,9 +21,20 @@ from rollouts.pool import ACTOR_LOG_ENV
 from rollouts.selective.constants import KERNEL_ENV
 
 
-def start_pool(config: RunConfig, run_dir: Path, model_dir: Path):
-    """The run's rollout pool on the model in ``model_dir`` (trainer rank 0 alone starts one)."""
+def start_pool(
+    config: RunConfig, run_dir: Path, model_dir: Path, while_starting: Callable[[], object] | None = None
+):
+    """The run's rollout pool on the model in ``model_dir`` (trainer rank 0 alone starts one).
+    ``while_starting`` runs while the engines start up in their own processes (the run builds its data
+    then); an error in either shuts the pool down."""
     pool = _pool(config, run_dir, model_dir)
+    try:
+        if while_starting is not None:
+            while_starting()
+        pool.wait_ready()
+    except BaseException:
+        pool.shutdown()
+        raise
     resource = config.cluster.rollout_node_resource
     if resource:
         try:
@@ -64,4 +76,4 @@ def _pool(config: RunConfig, run_dir: Path, model_dir: Path):
     pool_config = PoolConfig.from_settings(
         cfg, model=str(model_dir), block_size=config.run.block_size, engine_kwargs=engine_kwargs, env=env
     )
-    return RolloutPool(pool_config)
+    return RolloutPool(pool_config, wait=False)

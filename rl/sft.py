@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import Trainer
 
 from data.prompts import gold_completion, layout_example
-from rl.console import interactive, quiet_trainer
+from rl.console import console, interactive, quiet_trainer
 from rl.copy_rows import IGNORE_INDEX, ValueCopyRows, with_copy_rows
 from rl.logprobs import pack
 from rl.selective.losses import forward_with_memory_loss
@@ -138,6 +138,7 @@ class SFTConfig:
     copy_from_step: int = 0  # the first step that adds them
     copy_segment: int = 24  # tokens per segment of a copy row
     group_by_length: bool = False  # batches of rows of similar length (less padding; rows still shuffled)
+    bf16: bool = False  # bf16 autocast for the matmuls; weights, optimizer and loss stay in the model's dtype
 
     def __post_init__(self):
         for name in ("max_steps", "per_device_batch_size", "logging_steps"):
@@ -170,6 +171,7 @@ def training_arguments(config: SFTConfig, **overrides):
         # group_by_length: train_sft has already put the rows in an order of length-grouped batches
         train_sampling_strategy="sequential" if config.group_by_length else "random",
         disable_tqdm=not interactive(),  # off a terminal rl.console.ProgressLines prints lines instead
+        bf16=config.bf16,
     )
     return TrainingArguments(**{**fields, **overrides})
 
@@ -178,6 +180,9 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
     """Run the warm start; returns the HF ``Trainer`` (its ``state.log_history`` holds the losses)."""
     from datasets import Dataset
 
+    if config.bf16 and not bf16_kernels():
+        console.print("[yellow]sft.bf16[/]: this machine has no bf16 matmul kernels; SFT runs in float32")
+        config = replace(config, bf16=False)
     encoded = Dataset.from_list([encode_sft_row(r, tokenizer, config.layout) for r in train_rows])
     args = training_arguments(config)
     if config.group_by_length:  # one length per optimizer step, so every rank's micro-batches share it
@@ -207,6 +212,18 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
     )
     quiet_trainer(trainer).train()
     return trainer
+
+
+def bf16_kernels() -> bool:
+    """Whether bf16 autocast has fast matmuls here: a CUDA device that supports it, or a CPU with bf16
+    instructions (AVX512-BF16, AMX), where oneDNN runs them natively rather than emulated (slower than
+    float32)."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int) -> list[int]:

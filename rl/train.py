@@ -98,12 +98,16 @@ class TrainRecipe:
         if cfg.selective.enabled:
             self._select_kernel()
         with self._phase_timer("setup"):
-            # rank 0 builds what the run directory lacks (tokenizer, data, starting model); then the
-            # other ranks load the very same files
+            # rank 0 builds what the run directory lacks (tokenizer, starting model, then the data while
+            # its rollout engines start); then the other ranks load the very same files
             start_dir = self.ranks.on_main(self._inputs)
             if not self.ranks.is_main:
                 start_dir = self._inputs()
-            self.pool = self.ranks.on_main(lambda: start_pool(self.config, self.run_dir, start_dir))
+            self.pool = self.ranks.on_main(
+                lambda: start_pool(self.config, self.run_dir, start_dir, while_starting=self._data)
+            )
+            if not self.ranks.is_main:
+                self._data()
         self.examples = {str(r["id"]): r for r in self.data[cfg.data.train_split]}
         held_out = list(self.data[cfg.data.eval_split])
         self.eval_rows = held_out[: cfg.data.eval_examples] if cfg.data.eval_examples else held_out
@@ -123,12 +127,15 @@ class TrainRecipe:
         register_selective_attention(kernel)
 
     def _inputs(self) -> Path:
-        """Tokenizer, data and model of the run (built into the run directory when missing,
-        ``rl/run_inputs.py``); returns the folder the rollout pool can load the model from."""
+        """Tokenizer and model of the run (built into the run directory when missing, ``rl/run_inputs.py``);
+        returns the folder the rollout pool can load the model from."""
         self.tokenizer = run_tokenizer(self.config, self.run_dir)
-        self.data = run_data(self.config, self.run_dir, self.tokenizer)
         self.model, start_dir = run_model(self.config, self.run_dir, self.tokenizer, self._budgets())
         return start_dir
+
+    def _data(self) -> None:
+        """The run's data (``data.path``, or ``data.build`` built into the run directory when missing)."""
+        self.data = run_data(self.config, self.run_dir, self.tokenizer)
 
     def _open_run_dir(self) -> dict[str, Any]:
         """Rank 0: a new run directory, or the one ``--resume`` continues; returns the run's state."""

@@ -65,11 +65,10 @@ class RolloutPool(ActorReplacement, WeightUpdates):
     """N engines behind one ``generate``; the guarantees are in the module docstring, keeping the actors
     in :class:`ActorReplacement`, new weights in :class:`WeightUpdates`."""
 
-    def __init__(self, config: PoolConfig):
+    def __init__(self, config: PoolConfig, *, wait: bool = True):
+        """Start the actors; with ``wait=False`` return while their engines still start (the caller does
+        other work, then :meth:`wait_ready`)."""
         import ray
-        from transformers import AutoTokenizer
-
-        from rollouts.protocol.tokens import token_bytes_table
 
         self.config = config
         if not ray.is_initialized():
@@ -92,13 +91,25 @@ class RolloutPool(ActorReplacement, WeightUpdates):
         # A dropped actor leaves both lists, so slots shift; bundles do not.
         self.bundles = list(range(config.num_actors))
         self.actors = [self._start_actor(bundle) for bundle in self.bundles]
+        self.token_table = None
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until every engine has started; an engine's start-up error is raised here, with the pool
+        shut down."""
+        import ray
+        from transformers import AutoTokenizer
+
+        from rollouts.protocol.tokens import token_bytes_table
+
         try:
-            ray.get([a.pid.remote() for a in self.actors])  # surface engine start-up errors here
+            ray.get([a.pid.remote() for a in self.actors])
         except BaseException:
             self.shutdown()
             raise
         # failed trajectories are built here, so the driver needs the model's token table too
-        self.token_table = token_bytes_table(AutoTokenizer.from_pretrained(config.model))
+        self.token_table = token_bytes_table(AutoTokenizer.from_pretrained(self.config.model))
 
     @property
     def num_alive(self) -> int:

@@ -419,28 +419,31 @@ def test_the_index_config_lays_every_prompt_out_with_its_index():
 
 
 def test_the_protocol_version_travels_from_the_run_section_into_every_layout_and_the_data():
-    """configs/tiny-reads.yaml asks for v4 (closing tags rest in local) and mixes its trace strategies: both
-    reach what SFT, rollouts and evals build from (the layout settings, the data config)."""
-    config = load_run_config("configs/tiny-reads.yaml", [])
-    raw = yaml.safe_load(Path("configs/tiny-reads.yaml").read_text())  # the file, read directly
+    """configs/tiny.yaml (the embedded default) asks for v4 (closing tags rest in local), mixes its trace
+    strategies and trains SFT under bf16 autocast: each reaches what SFT, rollouts and evals build from (the
+    layout settings, the data config, the SFT config); a config that sets none of them keeps the library's
+    defaults."""
+    config = load_run_config("configs/tiny.yaml", [])
+    raw = yaml.safe_load(Path("configs/tiny.yaml").read_text())  # the file, read directly
     assert config.run.prompt_layout().protocol_version == raw["run"]["protocol_version"] == 4
     assert config.sft.to_sft_config(config.run, "runs/x/sft", None).layout.protocol_version == 4
     assert config.data.data_config().trace_strategies == raw["data"]["build"]["trace_strategies"]
     assert config.sft.to_sft_config(config.run, "runs/x/sft", None).group_by_length
-    default = load_run_config(None)  # the embedded default stays on v3 and planning traces
+    assert config.sft.to_sft_config(config.run, "runs/x/sft", None).bf16 is raw["sft"]["bf16"] is True
+    default = load_run_config("configs/tiny-thinking.yaml")  # sets none of these keys: v3, planning traces
+    assert "protocol_version" not in yaml.safe_load(Path("configs/tiny-thinking.yaml").read_text())["run"]
     assert default.run.prompt_layout().protocol_version == 3
+    assert default.sft.to_sft_config(default.run, "runs/x/sft", None).bf16 is False
     assert default.data.data_config().trace_strategies == {"plan": 1.0}
     assert config.data.data_config().trace_chunk_ids == raw["data"]["build"]["trace_chunk_ids"] == "header"
     assert default.data.data_config().trace_chunk_ids == "digits"
     assert (
-        load_run_config("configs/tiny-reads.yaml", ["run.protocol_version=3"])
-        .run.prompt_layout()
-        .protocol_version
+        load_run_config("configs/tiny.yaml", ["run.protocol_version=3"]).run.prompt_layout().protocol_version
         == 3
     )
     with pytest.raises(ConfigError, match=r"run\.protocol_version"):
-        load_run_config("configs/tiny-reads.yaml", ["run.protocol_version=5"])
+        load_run_config("configs/tiny.yaml", ["run.protocol_version=5"])
     with pytest.raises(ConfigError, match=r"trace_strategies"):
-        load_run_config("configs/tiny-reads.yaml", ["data.build.trace_strategies={skim: 1.0}"])
+        load_run_config("configs/tiny.yaml", ["data.build.trace_strategies={skim: 1.0}"])
     with pytest.raises(ConfigError, match=r"trace_chunk_ids.*one of \('digits', 'header'\)"):
-        load_run_config("configs/tiny-reads.yaml", ["data.build.trace_chunk_ids=words"])
+        load_run_config("configs/tiny.yaml", ["data.build.trace_chunk_ids=words"])

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rl.copy_rows import COPY_CUES, ValueCopyRows, copy_accuracy, ordinary_token_ids
+from rl.copy_rows import COPY_CUES, ValueCopyRows, copy_accuracy, ordinary_token_ids, value_loss
 from rl.copy_warmup import train_copy_warmup
 from rl.model import build_tiny_model
 from rl.sft import IGNORE_INDEX, SFTConfig
@@ -86,6 +86,29 @@ class HandCopier(torch.nn.Module):
                         target = (target + 1) % self.vocab
                     logits[row, t, target] = 1.0
         return SimpleNamespace(logits=logits)
+
+
+def test_value_loss_is_the_full_forward_loss_and_gradient(tokenizer):
+    """Logits for the labelled rows only: the same loss and gradient as transformers' own loss over the
+    whole ``[B, T, vocab]`` projection (an off-by-one in the kept rows would score the wrong tokens)."""
+    model = build_tiny_model(tokenizer)
+    rows = ValueCopyRows.for_tokenizer(tokenizer, segment=12, segments=3, size=4)
+    ids = torch.stack([rows[i]["input_ids"] for i in range(4)])
+    labels = torch.stack([rows[i]["labels"] for i in range(4)])
+    grads = []
+    for loss_of in (lambda: model(input_ids=ids, labels=labels).loss, lambda: value_loss(model, ids, labels)):
+        model.zero_grad()
+        loss = loss_of()
+        loss.backward()
+        grads.append((loss.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
+    (full, full_grad), (sparse, sparse_grad) = grads
+    assert torch.allclose(sparse, full, atol=1e-5) and torch.allclose(sparse_grad, full_grad, atol=1e-6)
+    shifted = labels.roll(-1, dims=1)  # each label one position earlier: a different loss
+    assert not torch.allclose(value_loss(model, ids, shifted), full, atol=1e-3)
+    ragged = labels.clone()
+    ragged[0, 5] = ids[0, 5]  # one row labels an extra position
+    with pytest.raises(ValueError, match="same positions"):
+        value_loss(model, ids, ragged)
 
 
 def test_copy_accuracy_of_hand_built_copiers():
