@@ -47,8 +47,9 @@ class SFTSection(Section):
     # batch pads to its longest row, so mixing short and long contexts pays the long one's attention for all.
     group_by_length: bool = False
     # bf16 mixed precision (transformers' `bf16`): matmuls under bfloat16 autocast, weights, optimizer and
-    # loss in the model's dtype. Needs bf16 kernels: a CPU without AVX512-BF16 or AMX would emulate them,
-    # so there SFT runs in float32 and says so.
+    # loss in the model's dtype; under DeepSpeed, its bf16 mode (a config's "bf16": "auto" follows this).
+    # Needs bf16 kernels: a CPU without AVX512-BF16 or AMX would emulate them, so there SFT runs in
+    # float32 and says so.
     bf16: bool = False
     # Copy warm-up before SFT (rl/copy_warmup.py): short segments that hide a value token and copy it after
     # a protocol tag, the skill needle tasks need; at most this many steps (0 skips it), stopping once the

@@ -419,19 +419,21 @@ def test_the_index_config_lays_every_prompt_out_with_its_index():
 
 
 def test_the_protocol_version_travels_from_the_run_section_into_every_layout_and_the_data():
-    """configs/tiny.yaml (the embedded default) asks for v4 (closing tags rest in local), mixes its trace
-    strategies and trains SFT under bf16 autocast: each reaches what SFT, rollouts and evals build from (the
-    layout settings, the data config, the SFT config); a config that sets none of them keeps the library's
-    defaults."""
+    """configs/tiny.yaml (the embedded default) asks for v4 (closing tags rest in local) and mixes its trace
+    strategies; `sft.bf16` turns on SFT's bf16 autocast: each reaches what SFT, rollouts and evals build from
+    (the layout settings, the data config, the SFT config); a config that sets none of them keeps the
+    library's defaults."""
     config = load_run_config("configs/tiny.yaml", [])
     raw = yaml.safe_load(Path("configs/tiny.yaml").read_text())  # the file, read directly
     assert config.run.prompt_layout().protocol_version == raw["run"]["protocol_version"] == 4
     assert config.sft.to_sft_config(config.run, "runs/x/sft", None).layout.protocol_version == 4
     assert config.data.data_config().trace_strategies == raw["data"]["build"]["trace_strategies"]
     assert config.sft.to_sft_config(config.run, "runs/x/sft", None).group_by_length
-    assert config.sft.to_sft_config(config.run, "runs/x/sft", None).bf16 is raw["sft"]["bf16"] is True
-    default = load_run_config("configs/tiny-thinking.yaml")  # sets none of these keys: v3, planning traces
-    assert "protocol_version" not in yaml.safe_load(Path("configs/tiny-thinking.yaml").read_text())["run"]
+    assert config.sft.to_sft_config(config.run, "runs/x/sft", None).bf16 is False  # float32 SFT
+    bf16 = load_run_config("configs/tiny.yaml", ["sft.bf16=true"]).sft
+    assert bf16.to_sft_config(config.run, "runs/x/sft", None).bf16 is True
+    default = load_run_config("configs/tiny-selective.yaml")  # sets none of these keys: v3, planning traces
+    assert "protocol_version" not in yaml.safe_load(Path("configs/tiny-selective.yaml").read_text())["run"]
     assert default.run.prompt_layout().protocol_version == 3
     assert default.sft.to_sft_config(default.run, "runs/x/sft", None).bf16 is False
     assert default.data.data_config().trace_strategies == {"plan": 1.0}

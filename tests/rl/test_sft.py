@@ -12,7 +12,15 @@ from rl.demo import acme_example
 from rl.demo import gold_completion as acme_gold
 from rl.logprobs import completion_logprobs, pack
 from rl.model import TinyModelConfig, build_tiny_model
-from rl.sft import IGNORE_INDEX, DACollator, SFTConfig, encode_sft_row, length_grouped_order, train_sft
+from rl.sft import (
+    IGNORE_INDEX,
+    DACollator,
+    SFTConfig,
+    bf16_kernels,
+    encode_sft_row,
+    length_grouped_order,
+    train_sft,
+)
 from rollouts.masks import trace_completion
 from rollouts.protocol import LayoutSettings, PromptLayout, token_bytes_table
 
@@ -116,6 +124,33 @@ def test_sft_raises_gold_likelihood_under_the_mask(tokenizer, token_table, tmp_p
     after = gold_logp()
     assert losses[-1] < losses[0]
     assert after > before + 1.0, f"mean gold log-prob per token {before:.2f} -> {after:.2f}"
+
+
+def test_bf16_sft_trains_as_float32_does(tokenizer, tmp_path):
+    """``bf16=True`` puts the matmuls under bfloat16 autocast: the same steps from the same weights give
+    losses within bf16's rounding of float32's, not equal to them (so autocast did run), and the weights
+    stay float32."""
+    rows = acme_rows(8)
+    small = TinyModelConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+    )
+    losses = {}
+    for bf16 in (False, True):
+        model = build_tiny_model(tokenizer, small)
+        config = SFTConfig(
+            output_dir=str(tmp_path / str(bf16)), max_steps=6, per_device_batch_size=4, warmup_steps=1,
+            logging_steps=1, bf16=bf16,
+        )  # fmt: skip
+        trainer = train_sft(model.train(), tokenizer, rows, config)
+        losses[bf16] = torch.tensor([h["loss"] for h in trainer.state.log_history if "loss" in h])
+        assert next(model.parameters()).dtype == torch.float32
+    assert len(losses[True]) == 6 and torch.allclose(losses[True], losses[False], rtol=0.02)
+    if bf16_kernels():  # elsewhere SFT falls back to float32 (and says so)
+        assert not torch.equal(losses[True], losses[False])
 
 
 def test_selective_model_sft_adds_the_memory_loss(tokenizer, selective_attention):

@@ -26,6 +26,7 @@ OVERRIDES = [
     "data.build.lengths=[256]",
     "data.eval_examples=0",
     "eval.max_tokens=24",
+    "eval.before_training=true",  # the config skips the untrained model's eval; this run covers that phase
     "logging.wandb_mode=offline",
     "logging.wandb_api_key=test-key-5b1f",  # a secret: accepted, never written back
     "sft.copy_check_max_nll=null",  # a few SFT steps copy nothing: report the check, do not stop on it
