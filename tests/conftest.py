@@ -49,19 +49,25 @@ def selective_attention():
     register_selective_attention(kernel="dense")
 
 
-@pytest.fixture(scope="session")
-def small_model(tokenizer):
-    """A 2-layer Qwen3 (hidden 64, 2 query / 1 KV heads, head_dim 32) in eval mode, fixed seed."""
-    from rl.model import TinyModelConfig, build_tiny_model
+def small_model_config():
+    """A 2-layer Qwen3's shape (hidden 64, 2 query / 1 KV heads, head_dim 32): tests that train one."""
+    from rl.model import TinyModelConfig
 
-    config = TinyModelConfig(
+    return TinyModelConfig(
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         intermediate_size=128,
     )
-    return build_tiny_model(tokenizer, config).eval()
+
+
+@pytest.fixture(scope="session")
+def small_model(tokenizer):
+    """A :func:`small_model_config` Qwen3 in eval mode, fixed seed."""
+    from rl.model import build_tiny_model
+
+    return build_tiny_model(tokenizer, small_model_config()).eval()
 
 
 # Two small DA rows with different chunk counts: enough for padding, state-table and mask tests.

@@ -23,6 +23,7 @@ from rl.sft import (
 )
 from rollouts.masks import trace_completion
 from rollouts.protocol import LayoutSettings, PromptLayout, token_bytes_table
+from tests.conftest import small_model_config
 
 
 def acme_rows(n: int) -> list[dict]:
@@ -93,16 +94,7 @@ def test_layout_mismatch_is_an_error(tokenizer):
 
 def test_sft_raises_gold_likelihood_under_the_mask(tokenizer, token_table, tmp_path):
     rows = acme_rows(8)
-    model = build_tiny_model(
-        tokenizer,
-        TinyModelConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            intermediate_size=128,
-        ),
-    )
+    model = build_tiny_model(tokenizer, small_model_config())
     held_out = acme_rows(10)[8:]
 
     def gold_logp():
@@ -131,16 +123,9 @@ def test_bf16_sft_trains_as_float32_does(tokenizer, tmp_path):
     losses within bf16's rounding of float32's, not equal to them (so autocast did run), and the weights
     stay float32."""
     rows = acme_rows(8)
-    small = TinyModelConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=128,
-    )
     losses = {}
     for bf16 in (False, True):
-        model = build_tiny_model(tokenizer, small)
+        model = build_tiny_model(tokenizer, small_model_config())
         config = SFTConfig(
             output_dir=str(tmp_path / str(bf16)), max_steps=6, per_device_batch_size=4, warmup_steps=1,
             logging_steps=1, bf16=bf16,
@@ -166,8 +151,7 @@ def test_selective_model_sft_adds_the_memory_loss(tokenizer, selective_attention
         start, end = width - len(row["prompt_ids"]), width + len(row["completion_ids"])
         assert batch["padding_mask"][b].nonzero()[:, 0].tolist() == list(range(start, end))
 
-    model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                                        num_key_value_heads=1, intermediate_size=128))  # fmt: skip
+    model = build_tiny_model(tokenizer, small_model_config())
     model.config.selective_attention = True
     model.set_attn_implementation(SELECTIVE)
     config = SFTConfig(memory_eps=0.3, memory_tau=0.5)
@@ -191,8 +175,7 @@ def test_completion_loss_under_budgets(tokenizer, selective_attention):
 
     rows = [encode_sft_row(r, tokenizer) for r in acme_rows(2)]
     batch = DACollator(tokenizer, SELECTIVE, padding_mask=True)(rows)
-    model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                                        num_key_value_heads=1, intermediate_size=128))  # fmt: skip
+    model = build_tiny_model(tokenizer, small_model_config())
     model.config.selective_attention = True
     model.set_attn_implementation(SELECTIVE)
     with torch.no_grad():
