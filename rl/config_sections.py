@@ -212,6 +212,10 @@ class EvalSection(Section):
     sampled_samples: int = 0
     before_training: bool = True  # evaluate the untrained model first (the baseline)
     after_sft: bool = True  # evaluate between the warm start and GRPO
+    # The greedy eval after SFT in these of `modes` only (null: all of them). GRPO - SFT is measured in
+    # `da`; an SFT policy that answers nothing without its mask spends the da-nm and vanilla evals on
+    # completions that run to max_tokens.
+    modes_after_sft: list[str] | None = None
 
     def validate(self):
         check(self.modes, self.key("modes"), f"must list at least one of {', '.join(ROLLOUT_MODES)}")
@@ -222,6 +226,18 @@ class EvalSection(Section):
                 f"must be one of {ROLLOUT_MODES}, got {mode!r}",
             )
         check(len(set(self.modes)) == len(self.modes), self.key("modes"), "lists a mode twice")
+        if self.modes_after_sft is not None:
+            check(
+                self.modes_after_sft,
+                self.key("modes_after_sft"),
+                "must list a mode, or be null (all of modes)",
+            )
+            for i, mode in enumerate(self.modes_after_sft):
+                check(
+                    mode in self.modes,
+                    f"{self.key('modes_after_sft')}[{i}]",
+                    f"must be one of {self.key('modes')} ({', '.join(self.modes)}), got {mode!r}",
+                )
         self.at_least("max_tokens", 1)
         self.at_least("temperature", 0)
         self.at_least("samples", 1)

@@ -63,6 +63,9 @@ class SFTSection(Section):
     # sft.max_steps: never, which a shortened run may want).
     copy_mix_rows: int = 0
     copy_mix_from_step: int = 0
+    # The copy rows stop once their logged loss (the mean over sft.logging_steps steps) is below this many
+    # nats: copying has formed, and the gold traces' own values keep it up (null: they run to the end).
+    copy_mix_until_loss: float | None = None
     # With the SFT eval (rl/copy_check.py): the teacher-forced loss of the answer's tokens in this many gold
     # traces of the validation split (the eval split when there is none), against a uniform guess (0: skip).
     copy_check_examples: int = 64
@@ -81,6 +84,7 @@ class SFTSection(Section):
         self.at_least("copy_warmup_segment", 4)
         self.at_least("copy_mix_rows", 0)
         self.at_least("copy_mix_from_step", 0)
+        self.at_least("copy_mix_until_loss", 0, strict=True)
         self.at_least("copy_check_examples", 0)
         self.at_least("copy_check_max_nll", 0, strict=True)
 
@@ -97,6 +101,7 @@ class SFTSection(Section):
             lr_scheduler_type=self.lr_scheduler_type, logging_steps=self.logging_steps, seed=run.seed,
             layout=run.prompt_layout(), deepspeed=deepspeed,
             copy_rows=self.copy_mix_rows, copy_from_step=self.copy_mix_from_step,
+            copy_until_loss=self.copy_mix_until_loss,
             copy_segment=self.copy_warmup_segment, group_by_length=self.group_by_length, bf16=self.bf16,
         )  # fmt: skip
 

@@ -33,6 +33,8 @@ import torch
 from torch.utils.data import Dataset
 from transformers import Trainer
 
+from rl.console import console
+
 IGNORE_INDEX = -100  # the label transformers' loss skips: every position but the copied values (and SFT's)
 # The tag ends after which the protocol copies a value: a focus tag's and the answer tag's last token.
 COPY_CUES = ('<focus magic_chunks="1">', "<answer>")
@@ -132,20 +134,25 @@ def value_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Te
 def with_copy_rows(trainer_cls: type[Trainer]) -> type[Trainer]:
     """``trainer_cls`` whose loss, from step ``copy_from_step`` on, adds the mean loss of
     ``copy_per_step`` :class:`ValueCopyRows` rows (the next ones each step; logged as ``copy_loss``):
-    copy rows kept in the SFT mix, so copying is taught densely while the protocol is learned."""
+    copy rows kept in the SFT mix, so copying is taught densely while the protocol is learned.
+    ``copy_until_loss``: the rows stop once a logged ``copy_loss`` (their mean since the last log) is
+    below it: copying has formed, and the gold traces' own values keep it (None: to the last step)."""
 
     class CopyMixTrainer(trainer_cls):
         def __init__(
-            self, *args, copy_rows: ValueCopyRows, copy_per_step: int, copy_from_step: int = 0, **kwargs
-        ):
+            self, *args, copy_rows: ValueCopyRows, copy_per_step: int, copy_from_step: int = 0,
+            copy_until_loss: float | None = None, **kwargs,
+        ):  # fmt: skip
             super().__init__(*args, **kwargs)
             self.copy_rows, self.copy_per_step, self.copy_from_step = copy_rows, copy_per_step, copy_from_step
+            self.copy_until_loss = copy_until_loss
+            self.copy_stopped_at: int | None = None  # the step after which no copy rows were added
             self._copy_losses: list[float] = []
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             step = self.state.global_step
-            if step < self.copy_from_step:
+            if step < self.copy_from_step or self.copy_stopped_at is not None:
                 return out
             first = ((step - self.copy_from_step) * self.copy_per_step) % len(self.copy_rows)
             rows = [self.copy_rows[(first + i) % len(self.copy_rows)] for i in range(self.copy_per_step)]
@@ -159,8 +166,15 @@ def with_copy_rows(trainer_cls: type[Trainer]) -> type[Trainer]:
 
         def log(self, logs: dict[str, float], *args, **kwargs) -> None:
             if self._copy_losses and "loss" in logs:
-                logs = {**logs, "copy_loss": sum(self._copy_losses) / len(self._copy_losses)}
+                copy_loss = sum(self._copy_losses) / len(self._copy_losses)
+                logs = {**logs, "copy_loss": copy_loss}
                 self._copy_losses = []
+                if self.copy_until_loss is not None and copy_loss < self.copy_until_loss:
+                    self.copy_stopped_at = self.state.global_step
+                    console.print(
+                        f"copy rows: copy_loss {copy_loss:.3f} < {self.copy_until_loss} at step "
+                        f"{self.copy_stopped_at}: copying has formed, SFT goes on with gold traces alone"
+                    )
             super().log(logs, *args, **kwargs)
 
     CopyMixTrainer.__name__ = CopyMixTrainer.__qualname__ = f"CopyMix{trainer_cls.__name__}"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from transformers import Trainer
@@ -137,6 +137,9 @@ class SFTConfig:
     copy_rows: int = 0  # rl.copy_rows.ValueCopyRows rows added to each step's loss (0: none)
     copy_from_step: int = 0  # the first step that adds them
     copy_segment: int = 24  # tokens per segment of a copy row
+    copy_until_loss: float | None = (
+        None  # copy rows stop once their logged mean loss is below it (None: never)
+    )
     group_by_length: bool = False  # batches of rows of similar length (less padding; rows still shuffled)
     bf16: bool = False  # bf16 autocast for the matmuls; weights, optimizer and loss stay in the model's dtype
 
@@ -171,18 +174,23 @@ def training_arguments(config: SFTConfig, **overrides):
         # group_by_length: train_sft has already put the rows in an order of length-grouped batches
         train_sampling_strategy="sequential" if config.group_by_length else "random",
         disable_tqdm=not interactive(),  # off a terminal rl.console.ProgressLines prints lines instead
-        bf16=config.bf16,
+        bf16=config.bf16 and _bf16_here(),
     )
     return TrainingArguments(**{**fields, **overrides})
+
+
+def _bf16_here() -> bool:
+    """Whether ``sft.bf16`` can take effect here; when not, the phase runs in float32 and says so."""
+    if bf16_kernels():
+        return True
+    console.print("[yellow]sft.bf16[/]: this machine has no bf16 matmul kernels; training runs in float32")
+    return False
 
 
 def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig, callbacks=()):
     """Run the warm start; returns the HF ``Trainer`` (its ``state.log_history`` holds the losses)."""
     from datasets import Dataset
 
-    if config.bf16 and not bf16_kernels():
-        console.print("[yellow]sft.bf16[/]: this machine has no bf16 matmul kernels; SFT runs in float32")
-        config = replace(config, bf16=False)
     encoded = Dataset.from_list([encode_sft_row(r, tokenizer, config.layout) for r in train_rows])
     args = training_arguments(config)
     if config.group_by_length:  # one length per optimizer step, so every rank's micro-batches share it
@@ -201,6 +209,7 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
             "copy_rows": rows,
             "copy_per_step": config.copy_rows,
             "copy_from_step": config.copy_from_step,
+            "copy_until_loss": config.copy_until_loss,
         }
     trainer = trainer_cls(
         model=model,

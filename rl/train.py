@@ -473,7 +473,8 @@ class TrainRecipe:
         def greedy():
             if phase == "sft" and self.config.sft.copy_check_examples:
                 self.copy_check()
-            self.evaluate(phase, step=step)
+            modes = self.config.eval.modes_after_sft if phase == "sft" else None
+            self.evaluate(phase, step=step, modes=None if modes is None else tuple(modes))
 
         pushed = self._once(f"eval_{phase}", greedy, every_rank=True)
         if self.config.eval.sampled_samples:

@@ -98,6 +98,7 @@ def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
         ("sft.copy_warmup_steps=-1", "sft.copy_warmup_steps"),
         ("sft.copy_check_max_nll=0", "sft.copy_check_max_nll"),
         ("sft.copy_check_examples=-1", "sft.copy_check_examples"),
+        ("sft.copy_mix_until_loss=0", "sft.copy_mix_until_loss"),
         ("grpo.max_steps=ten", "grpo.max_steps"),
         ("grpo.lr_scheduler_type=constant", "grpo.warmup_steps"),  # it would ignore the 5 warm-up steps
         ("model.attn_implementation=eager", "model.attn_implementation"),
@@ -108,6 +109,8 @@ def test_unknown_key_names_dotted_path_and_near_miss(raw_key, suggestion):
         ("eval.samples=4", "eval.samples"),  # greedy samples are one completion repeated
         ("eval.temperature=-1", "eval.temperature"),
         ("eval.sampled_samples=-2", "eval.sampled_samples"),
+        ("eval.modes_after_sft=[index]", "eval.modes_after_sft[0]"),  # not an eval mode of the run
+        ("eval.modes_after_sft=[]", "eval.modes_after_sft"),
         ("rollout.engine_kwargs.block_size=16", "rollout.engine_kwargs.block_size"),
         ("rewards.mfu=2", "rewards.mfu"),
         ("model.tiny.head_dim=16", "model.tiny"),

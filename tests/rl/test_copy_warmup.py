@@ -138,6 +138,28 @@ STEPS = 400  # a cap; measured: the default model reaches 0.99 on held-out rows 
 def test_copy_rows_join_the_sft_loss_from_their_step(tokenizer, tmp_path):
     """sft.copy_mix_rows: SFT steps before copy_from_step train on gold traces alone; from it on, each step
     adds copy rows' loss (logged as copy_loss)."""
+    history = copy_mix_history(tokenizer, tmp_path, copy_from_step=2)
+    assert [h["step"] for h in history] == [1, 2, 3, 4]
+    assert ["copy_loss" in h for h in history] == [False, False, True, True]
+    # a random model predicts a copied value at chance: the copy loss is about ln(vocabulary)
+    assert all(6.0 < h["copy_loss"] < 9.0 for h in history[2:])
+
+
+@pytest.mark.parametrize(
+    "until_loss, with_rows", [(100.0, [False, True, False, False]), (0.01, [False, True, True, True])]
+)
+def test_copy_rows_stop_once_their_logged_loss_is_below_copy_until_loss(
+    tokenizer, tmp_path, until_loss, with_rows
+):
+    """sft.copy_mix_until_loss: the rows stop after the first logged copy_loss below it (a random model's
+    ~7 nats is below 100, never below 0.01)."""
+    history = copy_mix_history(tokenizer, tmp_path, copy_from_step=1, copy_until_loss=until_loss)
+    assert ["copy_loss" in h for h in history] == with_rows
+
+
+def copy_mix_history(tokenizer, tmp_path, **copy_mix) -> list[dict]:
+    """The logged steps of 4 SFT steps (batch 2, logging every step) of a random tiny model on niah rows,
+    with 3 copy rows per step as ``copy_mix`` says."""
     from rl.sft import train_sft
     from tests.data.helpers import generate
 
@@ -148,10 +170,6 @@ def test_copy_rows_join_the_sft_loss_from_their_step(tokenizer, tmp_path):
     model = build_tiny_model(tokenizer)
     config = SFTConfig(
         output_dir=str(tmp_path), max_steps=4, per_device_batch_size=2, warmup_steps=0, logging_steps=1,
-        layout=LayoutSettings(style="compact", instructions=False), copy_rows=3, copy_from_step=2,
+        layout=LayoutSettings(style="compact", instructions=False), copy_rows=3, **copy_mix,
     )  # fmt: skip
-    history = [h for h in train_sft(model, tokenizer, rows, config).state.log_history if "loss" in h]
-    assert [h["step"] for h in history] == [1, 2, 3, 4]
-    assert ["copy_loss" in h for h in history] == [False, False, True, True]
-    # a random model predicts a copied value at chance: the copy loss is about ln(vocabulary)
-    assert all(6.0 < h["copy_loss"] < 9.0 for h in history[2:])
+    return [h for h in train_sft(model, tokenizer, rows, config).state.log_history if "loss" in h]

@@ -65,6 +65,12 @@ def test_every_phase_ran_and_left_its_output(run_dir):
     assert sorted(p.name for p in (run_dir / "eval").glob("*.json")) == [
         "grpo.json", "grpo_sampled.json", "init.json", "sft.json", "sft_sampled.json"
     ]  # fmt: skip
+    # eval.modes_after_sft: [da] (the config's): the SFT eval in da alone, the final one in every mode
+    modes = {
+        name: {r["mode"] for r in json.loads((run_dir / f"eval/{name}.json").read_text())["results"]}
+        for name in ("sft", "grpo")
+    }
+    assert modes == {"sft": {"da"}, "grpo": {"da", "da-nm", "vanilla"}}, modes
     for phase in ("copy_warmup", "sft", "final"):
         assert (run_dir / phase / "model.safetensors").is_file()
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
