@@ -172,8 +172,8 @@ def with_copy_rows(trainer_cls: type[Trainer]) -> type[Trainer]:
                 if self.copy_until_loss is not None and copy_loss < self.copy_until_loss:
                     self.copy_stopped_at = self.state.global_step
                     console.print(
-                        f"copy rows: copy_loss {copy_loss:.3f} < {self.copy_until_loss} at step "
-                        f"{self.copy_stopped_at}: copying has formed, SFT goes on with gold traces alone"
+                        f"copy rows stop at step {self.copy_stopped_at}: copying has formed "
+                        f"(copy_loss {copy_loss:.3f} < {self.copy_until_loss})"
                     )
             super().log(logs, *args, **kwargs)
 
