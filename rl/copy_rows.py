@@ -167,6 +167,9 @@ def with_copy_rows(trainer_cls: type[Trainer]) -> type[Trainer]:
         def log(self, logs: dict[str, float], *args, **kwargs) -> None:
             if self._copy_losses and "loss" in logs:
                 copy_loss = sum(self._copy_losses) / len(self._copy_losses)
+                # every rank logs at the same steps: their mean, so that all of them stop at one step
+                copy_loss = self.accelerator.reduce(torch.tensor(copy_loss, device=self.args.device), "mean")
+                copy_loss = float(copy_loss)
                 logs = {**logs, "copy_loss": copy_loss}
                 self._copy_losses = []
                 if self.copy_until_loss is not None and copy_loss < self.copy_until_loss:

@@ -137,9 +137,7 @@ class SFTConfig:
     copy_rows: int = 0  # rl.copy_rows.ValueCopyRows rows added to each step's loss (0: none)
     copy_from_step: int = 0  # the first step that adds them
     copy_segment: int = 24  # tokens per segment of a copy row
-    copy_until_loss: float | None = (
-        None  # copy rows stop once their logged mean loss is below it (None: never)
-    )
+    copy_until_loss: float | None = None  # copy rows stop once their logged loss is below it (None: never)
     group_by_length: bool = False  # batches of rows of similar length (less padding; rows still shuffled)
     bf16: bool = False  # bf16 autocast for the matmuls; weights, optimizer and loss stay in the model's dtype
 

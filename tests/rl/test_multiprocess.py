@@ -40,6 +40,10 @@ OVERRIDES = [
     "grpo.save_steps=1",
     *SMALL_DATA_AND_EVAL,
     "sft.copy_check_max_nll=null",  # a few SFT steps copy nothing: report the check, do not stop on it
+    # copy rows (the same on every rank) join at step 2 and stop at once (every copy loss is below 100):
+    # the ranks agree on that step through the mean they log
+    "sft.copy_mix_from_step=1",
+    "sft.copy_mix_until_loss=100",
 ]
 GLOBAL_SFT_BATCH = 4
 
@@ -79,6 +83,8 @@ def test_two_ranks_train_like_one_process(runs):
         assert state["completed"] == ["sft", "eval_sft", "grpo", "eval_grpo", "export", "report"]
     sft_one, sft_two = metrics(one, "sft"), metrics(two, "sft")
     assert [r["step"] for r in sft_one] == [r["step"] for r in sft_two] == [1, 2, 3]
+    assert [("copy_loss" in r) for r in sft_two] == [False, True, False]
+    assert sft_two[1]["copy_loss"] == pytest.approx(sft_one[1]["copy_loss"], abs=1e-4)
     for a, b in zip(sft_one, sft_two):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
