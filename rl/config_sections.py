@@ -218,26 +218,11 @@ class EvalSection(Section):
     modes_after_sft: list[str] | None = None
 
     def validate(self):
-        check(self.modes, self.key("modes"), f"must list at least one of {', '.join(ROLLOUT_MODES)}")
-        for i, mode in enumerate(self.modes):
-            check(
-                mode in ROLLOUT_MODES,
-                f"{self.key('modes')}[{i}]",
-                f"must be one of {ROLLOUT_MODES}, got {mode!r}",
-            )
+        self._check_modes("modes", ROLLOUT_MODES, ", ".join(ROLLOUT_MODES))
         check(len(set(self.modes)) == len(self.modes), self.key("modes"), "lists a mode twice")
         if self.modes_after_sft is not None:
-            check(
-                self.modes_after_sft,
-                self.key("modes_after_sft"),
-                "must list a mode, or be null (all of modes)",
-            )
-            for i, mode in enumerate(self.modes_after_sft):
-                check(
-                    mode in self.modes,
-                    f"{self.key('modes_after_sft')}[{i}]",
-                    f"must be one of {self.key('modes')} ({', '.join(self.modes)}), got {mode!r}",
-                )
+            self._check_modes("modes_after_sft", self.modes, f"{self.key('modes')} ({', '.join(self.modes)})")
+
         self.at_least("max_tokens", 1)
         self.at_least("temperature", 0)
         self.at_least("samples", 1)
@@ -248,6 +233,13 @@ class EvalSection(Section):
             check_sampling(self.temperature, self.samples)
         except EvalError as err:
             raise ConfigError(f"{self.key('samples')}: {err}") from None
+
+    def _check_modes(self, name: str, allowed, described: str) -> None:
+        """``name`` lists at least one mode, each of ``allowed``."""
+        modes = getattr(self, name)
+        check(modes, self.key(name), f"must list at least one of {described}")
+        for i, mode in enumerate(modes):
+            check(mode in allowed, f"{self.key(name)}[{i}]", f"must be one of {described}, got {mode!r}")
 
 
 @dataclass

@@ -39,6 +39,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -473,8 +474,9 @@ class TrainRecipe:
         def greedy():
             if phase == "sft" and self.config.sft.copy_check_examples:
                 self.copy_check()
-            modes = self.config.eval.modes_after_sft if phase == "sft" else None
-            self.evaluate(phase, step=step, modes=None if modes is None else tuple(modes))
+            self.evaluate(
+                phase, step=step, modes=self.config.eval.modes_after_sft if phase == "sft" else None
+            )
 
         pushed = self._once(f"eval_{phase}", greedy, every_rank=True)
         if self.config.eval.sampled_samples:
@@ -491,7 +493,7 @@ class TrainRecipe:
         *,
         sampled: bool = False,
         push_weights: bool = True,
-        modes: tuple[str, ...] | None = None,
+        modes: Sequence[str] | None = None,
     ) -> None:
         """Held-out eval.modes (da / da-nm / vanilla) of the current model, into ``eval/<name>.json`` and the
         state; ``modes``: a subset of them instead; ``sampled``: `da` only, eval.sampled_samples completions
