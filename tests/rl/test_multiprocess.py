@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.rl.gold_forced_train import SMALL_DATA_AND_EVAL
-from tests.rl.jobs import ROOT
+from tests.rl.jobs import ROOT, Job
 
 OVERRIDES = [
     "sft.max_steps=3",
@@ -52,16 +52,12 @@ def env() -> dict[str, str]:
     return os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "disabled"}
 
 
-def run(run_dir: Path, processes: int, *extra: str) -> Path:
-    job = ["-m", "tests.rl.gold_forced_train", "train", f"run.output_dir={run_dir}", *OVERRIDES,
+def start(run_dir: Path, processes: int, *extra: str) -> Job:
+    job = ["tests.rl.gold_forced_train", "train", f"run.output_dir={run_dir}", *OVERRIDES,
            f"sft.per_device_batch_size={GLOBAL_SFT_BATCH // processes}", *extra]  # fmt: skip
     if processes > 1:
-        job = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", *job]
-    out = subprocess.run(
-        [sys.executable, *job], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    return run_dir
+        job = ["torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m", *job]
+    return Job(*job, env=env())
 
 
 def metrics(run_dir: Path, phase: str) -> list[dict]:
@@ -72,7 +68,10 @@ def metrics(run_dir: Path, phase: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("dp")
-    return run(base / "one", 1), run(base / "two", 2)
+    jobs = {d: start(base / d, n) for d, n in (("one", 1), ("two", 2))}  # side by side
+    for job in jobs.values():
+        job.output()
+    return base / "one", base / "two"
 
 
 @pytest.mark.slow
@@ -138,7 +137,8 @@ def test_two_ranks_under_deepspeed_zero_train_like_one_process(stage, runs, tmp_
     weight push, eval and save) on two ranks, against the plain one-process run. The tolerance is
     DeepSpeed's: ZeRO's flat buffers reduce and clip in another order (test_sft_deepspeed.py)."""
     one, _ = runs
-    zero = run(tmp_path / f"zero{stage}", 2, f"grpo.deepspeed=configs/deepspeed/zero{stage}.json")
+    zero = tmp_path / f"zero{stage}"
+    start(zero, 2, f"grpo.deepspeed=configs/deepspeed/zero{stage}.json").output()
     state = json.loads((zero / "state.json").read_text())
     assert state["completed"] == ["sft", "eval_sft", "grpo", "eval_grpo", "export", "report"]
     for phase in ("sft", "grpo"):

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.rl.jobs import ROOT
+from tests.rl.jobs import ROOT, Job
 
 pytestmark = pytest.mark.slow
 
@@ -106,18 +106,22 @@ def final_step(run_dir: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run, started here and waited for where a test first needs it (``uninterrupted()``
+    is its run dir): the killed run's test runs its own job beside it."""
     run_dir = tmp_path_factory.mktemp("resume") / "straight"
-    out = subprocess.run(
-        heed_gold_forced("train", f"run.output_dir={run_dir}", *OVERRIDES),
-        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-4000:]
-    return run_dir
+    job = Job("tests.rl.gold_forced_train", "train", f"run.output_dir={run_dir}", *OVERRIDES, env=env())
+
+    def finished() -> Path:
+        job.output()
+        return run_dir
+
+    yield finished
+    job.kill()
 
 
 def test_killed_run_resumes_to_the_same_steps_prompts_and_state(uninterrupted, tmp_path):
-    run_dir = tmp_path / "killed"
+    run_dir = tmp_path / "killed"  # killed and resumed while the uninterrupted run runs beside it
     log = (tmp_path / "killed.log").open("w")
     job = subprocess.Popen(
         heed_gold_forced("train", f"run.output_dir={run_dir}", *OVERRIDES),
@@ -147,17 +151,18 @@ def test_killed_run_resumes_to_the_same_steps_prompts_and_state(uninterrupted, t
     )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "grpo" in json.loads((run_dir / "state.json").read_text())["completed"]
-    assert final_step(run_dir) == final_step(uninterrupted) == STEPS
-    want, got = trained_prompts(uninterrupted), trained_prompts(run_dir)
+    straight = uninterrupted()
+    assert final_step(run_dir) == final_step(straight) == STEPS
+    want, got = trained_prompts(straight), trained_prompts(run_dir)
     assert sorted(got) == sorted(want) == list(range(STEPS))
     assert got == want  # no prompt repeated or skipped, step for step
 
     # every step updated: a non-zero loss and gradient, and weights that moved away from the start
-    steps = grpo_metrics(uninterrupted)
+    steps = grpo_metrics(straight)
     assert sorted(steps) == list(range(1, STEPS + 1))
     assert all(abs(m["loss"]) > 1e-4 and m["grad_norm"] > 1e-3 for m in steps.values()), steps
-    start = load_file(uninterrupted / "init" / "model.safetensors")
-    moved = load_file(uninterrupted / "checkpoints" / f"checkpoint-{STEPS}" / "model.safetensors")
+    start = load_file(straight / "init" / "model.safetensors")
+    moved = load_file(straight / "checkpoints" / f"checkpoint-{STEPS}" / "model.safetensors")
     assert max((moved[k] - start[k]).abs().max().item() for k in start) > 1e-4
     # and the resumed run is in the uninterrupted run's state at every checkpoint after the resume point
     later = list(range(resumed_from + 2, STEPS + 1, 2))
@@ -166,7 +171,7 @@ def test_killed_run_resumes_to_the_same_steps_prompts_and_state(uninterrupted, t
         where = f"checkpoint-{step} (resumed from checkpoint-{resumed_from})"
         assert_same_state(
             checkpoint_state(run_dir / "checkpoints" / f"checkpoint-{step}"),
-            checkpoint_state(uninterrupted / "checkpoints" / f"checkpoint-{step}"),
+            checkpoint_state(straight / "checkpoints" / f"checkpoint-{step}"),
             where,
         )
     resumed_steps = grpo_metrics(run_dir)
@@ -182,7 +187,7 @@ def test_resume_refuses_a_folder_without_a_run(tmp_path):
 
 def test_a_new_run_refuses_an_existing_run_dir(uninterrupted):
     out = subprocess.run(
-        heed("train", f"run.output_dir={uninterrupted}", *OVERRIDES), cwd=ROOT, env=env(), capture_output=True,
+        heed("train", f"run.output_dir={uninterrupted()}", *OVERRIDES), cwd=ROOT, env=env(), capture_output=True,
         text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 2 and "--resume" in out.stderr

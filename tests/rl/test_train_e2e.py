@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.rl.jobs import ROOT
+from tests.rl.jobs import ROOT, Job
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +47,14 @@ def run_dir(tmp_path_factory):
 def train_run(run_dir, config: str, *overrides, module: str = "rl.cli"):
     """`heed train --config CONFIG run.output_dir=RUN_DIR OVERRIDES...` in a subprocess (``module``: the
     entry point, ``rl.cli`` or a test wrapper of it); returns RUN_DIR."""
-    env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "offline"}
-    out = subprocess.run(
-        [sys.executable, "-m", module, "train", "--config", config, f"run.output_dir={run_dir}", *overrides],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-4000:]
+    train_job(run_dir, config, *overrides, module=module).output()
     return run_dir
+
+
+def train_job(run_dir, config: str, *overrides, module: str = "rl.cli") -> Job:
+    """:func:`train_run`, started: wait for it with ``.output()``."""
+    env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "offline"}
+    return Job(module, "train", "--config", config, f"run.output_dir={run_dir}", *overrides, env=env)
 
 
 def test_every_phase_ran_and_left_its_output(run_dir):

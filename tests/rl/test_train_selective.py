@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.rl.jobs import ROOT
-from tests.rl.test_train_e2e import OVERRIDES, served_and_final_eval, train_run
+from tests.rl.test_train_e2e import OVERRIDES, served_and_final_eval, train_job
 
 pytestmark = pytest.mark.slow
 
@@ -20,12 +20,35 @@ BUDGETS = [256, 192, 128, 192]  # configs/tiny-selective.yaml's; every prompt he
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return train_run(
-        tmp_path_factory.mktemp("e2e") / "selective", "configs/tiny-selective.yaml", *OVERRIDES,
-        "sft.max_steps=2", "sft.logging_steps=1", "eval.before_training=false", "eval.after_sft=false",
-        "eval.modes=[da]",
-    )  # fmt: skip
+def runs(tmp_path_factory):
+    """This file's two runs, started together: the one with the config's budgets (``run_dir``) and the one
+    that searches its own (``searched``)."""
+    base = tmp_path_factory.mktemp("e2e")
+    jobs = {
+        "selective": train_job(
+            base / "selective", "configs/tiny-selective.yaml", *OVERRIDES, "sft.max_steps=2",
+            "sft.logging_steps=1", "eval.before_training=false", "eval.after_sft=false", "eval.modes=[da]",
+        ),
+        "searched": train_job(
+            base / "searched", "configs/tiny-selective.yaml", *OVERRIDES, "sft.max_steps=2",
+            "grpo.max_steps=1", "eval.before_training=false", "eval.modes=[da]",
+            "data.build.splits={train: 16, validation: 2, test: 2}", "selective.budgets=null",
+            "selective.search_budgets=true", "selective.search_examples=2", "selective.search_step=300",
+        ),
+    }  # fmt: skip
+
+    def finished(name: str):
+        jobs[name].output()
+        return base / name
+
+    yield finished
+    for job in jobs.values():
+        job.kill()
+
+
+@pytest.fixture(scope="module")
+def run_dir(runs):
+    return runs("selective")
 
 
 def metrics(run_dir, phase):
@@ -87,13 +110,8 @@ def test_heed_budgets_searches_the_exports_budgets_and_writes_them(run_dir, tmp_
 
 
 @pytest.fixture(scope="module")
-def searched(tmp_path_factory):
-    return train_run(
-        tmp_path_factory.mktemp("e2e") / "searched", "configs/tiny-selective.yaml", *OVERRIDES,
-        "sft.max_steps=2", "grpo.max_steps=1", "eval.before_training=false", "eval.modes=[da]",
-        "data.build.splits={train: 16, validation: 2, test: 2}", "selective.budgets=null",
-        "selective.search_budgets=true", "selective.search_examples=2", "selective.search_step=300",
-    )  # fmt: skip
+def searched(runs):
+    return runs("searched")
 
 
 def test_the_budget_search_runs_after_sft_and_its_budgets_reach_every_later_phase(searched):

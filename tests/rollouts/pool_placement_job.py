@@ -146,6 +146,12 @@ def main(address: str, node_b_pgid: int, out: Path) -> None:
             "bundles": pool.bundles,
             "warnings": warnings.messages,
         }
+        # the same batch on the survivor alone, timed in this job: what the loss's bound scales with, so a
+        # busy machine stretches both
+        started = time.monotonic()
+        alone = pool.generate(requests(BATCH))
+        result["node_loss"]["survivor_alone_seconds"] = time.monotonic() - started
+        result["node_loss"]["alone_errors"] = [t.error for t in alone]
 
         # 5. weights after the loss
         newer = perturbed_model(model_dir, seed=2)
