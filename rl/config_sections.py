@@ -222,7 +222,6 @@ class EvalSection(Section):
         check(len(set(self.modes)) == len(self.modes), self.key("modes"), "lists a mode twice")
         if self.modes_after_sft is not None:
             self._check_modes("modes_after_sft", self.modes, f"{self.key('modes')} ({', '.join(self.modes)})")
-
         self.at_least("max_tokens", 1)
         self.at_least("temperature", 0)
         self.at_least("samples", 1)
