@@ -19,4 +19,23 @@ export WANDB_MODE=${WANDB_MODE:-offline}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/python -m pytest "$@"
+# Two pytest processes side by side (tests/conftest.py --tier): the real-stack tests (marked slow: vLLM,
+# Ray, DeepSpeed and multi-process jobs, sharing one engine and one cluster in file order) and the unit
+# tests. The real stack's jobs leave a core idle much of the time; the unit tests fill it, on one thread
+# so as not to fight those jobs for the cores. Their output follows the real stack's. Exit status 5 is a
+# tier with nothing selected (a subset given in "$@").
+unit_log=$(mktemp)
+OMP_NUM_THREADS=1 .venv/bin/python -m pytest --tier=unit -p no:cacheprovider "$@" >"$unit_log" 2>&1 &
+unit=$!
+trap 'kill "$unit" 2>/dev/null || true; rm -f "$unit_log"' EXIT
+stack_rc=0
+.venv/bin/python -m pytest --tier=real-stack "$@" || stack_rc=$?
+unit_rc=0
+wait "$unit" || unit_rc=$?
+echo "=============================== the unit tests ==============================="
+cat "$unit_log"
+for rc in "$stack_rc" "$unit_rc"; do
+    if [ "$rc" != 0 ] && [ "$rc" != 5 ]; then exit "$rc"; fi
+done
+[ "$stack_rc" = 5 ] && [ "$unit_rc" = 5 ] && exit 5
+exit 0

@@ -129,6 +129,28 @@ def fail_real_stack_skip(report) -> None:
         )
 
 
+TIERS = ("all", "real-stack", "unit")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--tier", choices=TIERS, default="all",
+        help="only the real-stack tests (marked slow: vLLM, Ray, DeepSpeed, multi-process jobs) or only the "
+        "unit tests; scripts/test.sh runs the two tiers side by side",
+    )  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    tier = config.getoption("--tier")
+    if tier == "all":
+        return
+    real_stack = tier == "real-stack"
+    dropped = [item for item in items if bool(item.get_closest_marker("slow")) != real_stack]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if bool(item.get_closest_marker("slow")) == real_stack]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield

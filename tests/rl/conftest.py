@@ -10,8 +10,9 @@ from tests.rl.ray_cluster import SECRET, launch_two_ranks, start_cluster
 @pytest.fixture(scope="session")
 def cluster():
     pytest.importorskip("vllm")
-    # task states reach the state API within 0.1 s, so a test can see a rollout actor decoding
-    cluster = start_cluster(extra_env={"RAY_task_events_report_interval_ms": "100"})
+    # four CPUs a node: two jobs side by side (each holds two of each node's). Task states reach the state
+    # API within 0.1 s, so a test can see a rollout actor decoding
+    cluster = start_cluster(cpus_per_node=4, extra_env={"RAY_task_events_report_interval_ms": "100"})
     yield cluster
     cluster.stop()
 
@@ -20,7 +21,7 @@ def cluster():
 def launched(cluster, tmp_path_factory):
     """``TWO_RANK_JOB`` launched to its end, with a secret on the command line; run dir, output, job id."""
     run_dir = tmp_path_factory.mktemp("launch") / "two-nodes"
-    return launch_two_ranks(cluster, run_dir, f"logging.wandb_api_key={SECRET}")
+    return launch_two_ranks(cluster, run_dir, f"logging.wandb_api_key={SECRET}")()
 
 
 def pytest_runtest_teardown(item, nextitem):

@@ -4,8 +4,8 @@ agent ports and a custom resource that marks it, token authentication on (a toke
 the dashboard and job server on loopback. A node counts as up once the dashboard (which asks the GCS)
 lists it ALIVE, so a client connecting to ``gcs_address`` afterwards finds a GCS that answers.
 
-Everything lives in a temp dir of its own and in the two process groups; teardown kills those groups,
-never `ray stop` (which would stop every Ray instance on the machine, other tests' too).
+Everything lives in a temp dir of its own and in the two `ray start` processes' trees; teardown kills
+those trees, never `ray stop` (which would stop every Ray instance on the machine, other tests' too).
 
 Also the job both `heed launch` test files run (``TWO_RANK_JOB``): the shrunk tiny job with SFT and
 gold-forced GRPO (tests/rl/gold_forced_train.py), two trainer ranks on node A and two rollout actors on
@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,10 +55,11 @@ JOB = [
     "eval.after_sft=false",
     "rollout.num_actors=2",
 ]  # the shrunk tiny job; as one process add sft.per_device_batch_size=4
-TWO_NODES = [
+TWO_NODES = [  # two trainer ranks on node A, the rollout actors on node B: each job holds half of each node
     "cluster.trainer_workers=2",
     f"cluster.trainer_resources={{CPU: 1, {TRAINER_RESOURCE}: 1}}",
-    f"cluster.rollout_node_resource={ROLLOUT_RESOURCE}",
+    f"rollout.resources_per_actor={{{ROLLOUT_RESOURCE}: 1}}",
+    f"cluster.rollout_node_resource={ROLLOUT_RESOURCE}",  # rank 0 checks where they landed
 ]
 TWO_RANK_JOB = [*JOB, *TWO_NODES, "sft.per_device_batch_size=2"]  # the same global batch over two ranks
 SECRET = f"wandb-{secrets.token_hex(12)}"  # made at run time: no source file the job packages holds it
@@ -107,13 +109,15 @@ class LocalCluster:
         )
 
     def stop(self) -> None:
-        from rl.launch import stop_process_group
-
-        for proc in self.processes:  # both nodes wind down together
+        """SIGKILL every process the nodes started, then remove the temp dir. A graceful exit of
+        `ray start --block` takes about 30 s and leaves nothing these tests read."""
+        doomed = process_tree([proc.pid for proc in self.processes])  # taken whole, before any dies
+        for pid in doomed:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in reversed(self.processes):
-            stop_process_group(proc, timeout_s=10)
+                os.kill(pid, signal.SIGKILL)
+        for proc in self.processes:
+            proc.wait()
+        self.processes.clear()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
@@ -196,25 +200,61 @@ def _start(cluster: LocalCluster, name: str, command: list[str], timeout_s: floa
         time.sleep(1.0)
 
 
+def process_tree(roots: list[int]) -> list[int]:
+    """``roots`` and all their descendants, parents first. Not the process groups: Ray gives each worker
+    a group of its own, and a job's driver a session of its own, so neither is in a node's group."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # gone since the listing
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")"
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], list(roots)
+    while todo:
+        pid = todo.pop(0)
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
 def node_ip() -> str:
     import ray
 
     return ray.util.get_node_ip_address()
 
 
-def launch_two_ranks(cluster: LocalCluster, run_dir: Path, *extra: str) -> tuple[Path, str, str]:
-    """`heed launch` of ``TWO_RANK_JOB`` (gold-forced) to its end; its run dir, output and job id."""
-    out = subprocess.run(
-        heed("launch", "--address", cluster.address, f"run.output_dir={run_dir}", *TWO_RANK_JOB, *extra,
-             gold_forced=True),
-        cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    (run_dir.parent / f"{run_dir.name}.log").write_text(out.stdout + out.stderr)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    (job_id,) = {
-        line.split()[3] for line in out.stdout.splitlines() if line.startswith("heed: submitted job")
-    }
-    return run_dir, out.stdout + out.stderr, job_id
+def launch(cluster: LocalCluster, log: Path, *args: str, gold_forced: bool = False) -> subprocess.Popen:
+    """`heed launch ARGS` on ``cluster``, started; its output (stdout and stderr) goes to ``log``."""
+    with log.open("w") as out:
+        return subprocess.Popen(
+            heed("launch", "--address", cluster.address, *args, gold_forced=gold_forced),
+            cwd=ROOT, env=cluster.env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def launch_two_ranks(
+    cluster: LocalCluster, run_dir: Path, *extra: str
+) -> Callable[[], tuple[Path, str, str]]:
+    """Start `heed launch` of ``TWO_RANK_JOB`` (gold-forced); returns ``finished()``, which waits for the
+    job's end and gives its run dir, output and job id. Started first and waited for later, two launches
+    run side by side (the cluster holds two such jobs)."""
+    log = run_dir.parent / f"{run_dir.name}.log"
+    job = launch(cluster, log, f"run.output_dir={run_dir}", *TWO_RANK_JOB, *extra, gold_forced=True)
+
+    def finished() -> tuple[Path, str, str]:
+        try:
+            returncode = job.wait(timeout=900)
+        finally:
+            if job.poll() is None:
+                job.kill()
+        output = log.read_text()
+        assert returncode == 0, output[-6000:]
+        (job_id,) = {
+            line.split()[3] for line in output.splitlines() if line.startswith("heed: submitted job")
+        }
+        return run_dir, output, job_id
+
+    return finished
 
 
 def grpo_steps_moved(run_dir: Path, steps) -> None:

@@ -1,7 +1,7 @@
 """`heed launch` on a real two-node Ray cluster on this machine (tests/rl/ray_cluster.py): node A (the head)
-has the trainer-node resource, node B the rollout-node resource, two CPUs each. The shrunk tiny job is
+has the trainer-node resource, node B the rollout-node resource, four CPUs each. The shrunk tiny job is
 submitted through the job server with two trainer ranks (a Ray Train worker group, gloo) pinned to node A
-and two rollout actors, which land on node B (the ranks hold node A's CPUs; rank 0 checks it). Both runs
+and two rollout actors pinned to node B (rank 0 checks where they landed). Both runs
 are gold-forced (tests/rl/gold_forced_train.py), so every GRPO step has a reward spread and moves the
 weights, which each run is checked to do before the two are compared. The run must end like the same job
 as one `heed train` process with the same seed and global batch:
@@ -16,7 +16,7 @@ as one `heed train` process with the same seed and global batch:
 - the same greedy final eval.
 
 The cluster and the two-rank run are the session's (tests/rl/conftest.py): test_launch_faults.py resumes
-a run of the same job and compares it with this one.
+a run of the same job and compares it with this one. The same job under DeepSpeed ZeRO-2 runs beside it.
 
 Also: no secret reaches the cluster (not in the job's command line, runtime env, package, logs or the Ray
 temp dir), the job server refuses requests without the cluster's token, and `heed status` reports the job.
@@ -74,6 +74,14 @@ def reference(reference_job):
     run_dir, proc = reference_job
     assert proc.wait(timeout=900) == 0, (run_dir.parent / "train.log").read_text()[-4000:]
     return run_dir
+
+
+@pytest.fixture(scope="module", autouse=True)
+def zero2_launch(cluster, tmp_path_factory):
+    """The two-rank job under DeepSpeed ZeRO-2, started with the module: beside the session's run of the
+    plain job, which the first test starts."""
+    run_dir = tmp_path_factory.mktemp("launch") / "zero2"
+    return launch_two_ranks(cluster, run_dir, "grpo.deepspeed=configs/deepspeed/zero2.json")
 
 
 def assert_same_weights(run_dir: Path, reference: Path, atol: float) -> None:
@@ -160,15 +168,13 @@ def test_heed_status_reports_the_job(cluster, launched):
     assert "SUCCEEDED" in line and str(launched[0]) in line
 
 
-def test_deepspeed_zero2_ranks_under_ray_train_train_like_one_process(cluster, reference, tmp_path):
+def test_deepspeed_zero2_ranks_under_ray_train_train_like_one_process(zero2_launch, reference):
     """The same two-rank job under DeepSpeed ZeRO-2: accelerate builds the engine inside the Ray Train
     workers on the process group Ray Train formed (gloo), the optimizer state is partitioned over the two
     ranks, and the run ends like the plain one-process run to DeepSpeed's tolerance (its AdamW is not
     torch's; tests/rl/test_multiprocess.py). Measured: SFT losses to 5e-7, gradient norms to 5e-5 relative
     (GRPO's too), the same GRPO completions, and final weights to 6e-6."""
-    run_dir, output, _ = launch_two_ranks(
-        cluster, tmp_path / "zero2", "grpo.deepspeed=configs/deepspeed/zero2.json"
-    )
+    run_dir, output, _ = zero2_launch()
     assert "heed: DeepSpeed config configs/deepspeed/zero2.json" in output  # the driver says what runs
     state = json.loads((run_dir / "state.json").read_text())
     assert state["completed"] == ["sft", "grpo", "eval_grpo", "export", "report"]

@@ -29,10 +29,11 @@ from tests.rl.jobs import ROOT
 from tests.rl.ray_cluster import (
     GRPO_STEPS,
     ROLLOUT_RESOURCE,
-    TRAINER_RESOURCE,
+    TWO_NODES,
     TWO_RANK_JOB,
     grpo_steps_moved,
     heed,
+    launch,
     phase_metrics,
 )
 
@@ -53,18 +54,8 @@ BASE = [
     "export.enabled=false",
     "logging.wandb_mode=disabled",
     "rollout.num_actors=2",
-    "cluster.trainer_workers=2",
-    f"cluster.trainer_resources={{CPU: 1, {TRAINER_RESOURCE}: 1}}",
-    f"cluster.rollout_node_resource={ROLLOUT_RESOURCE}",
+    *TWO_NODES,
 ]
-
-
-def launch(cluster, log: Path, *args: str, gold_forced: bool = False) -> subprocess.Popen:
-    with log.open("w") as out:
-        return subprocess.Popen(
-            heed("launch", "--address", cluster.address, *args, gold_forced=gold_forced),
-            cwd=ROOT, env=cluster.env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
 
 
 def job_actors(cluster, log: Path, class_name: str) -> list[dict]:
