@@ -144,11 +144,12 @@ def pytest_collection_modifyitems(config, items):
     tier = config.getoption("--tier")
     if tier == "all":
         return
-    real_stack = tier == "real-stack"
-    dropped = [item for item in items if bool(item.get_closest_marker("slow")) != real_stack]
+    kept, dropped = [], []
+    for item in items:
+        (kept if bool(item.get_closest_marker("slow")) == (tier == "real-stack") else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if bool(item.get_closest_marker("slow")) == real_stack]
+        items[:] = kept
 
 
 @pytest.hookimpl(wrapper=True)

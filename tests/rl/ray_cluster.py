@@ -20,7 +20,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -111,10 +110,18 @@ class LocalCluster:
     def stop(self) -> None:
         """SIGKILL every process the nodes started, then remove the temp dir. A graceful exit of
         `ray start --block` takes about 30 s and leaves nothing these tests read."""
-        doomed = process_tree([proc.pid for proc in self.processes])  # taken whole, before any dies
-        for pid in doomed:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        import psutil
+
+        # each `ray start` process and all its descendants, taken whole before any dies. Not the process
+        # groups: Ray gives each worker a group of its own, and a job's driver a session of its own
+        doomed = []
+        for proc in self.processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                node = psutil.Process(proc.pid)
+                doomed += [node, *node.children(recursive=True)]
+        for process in doomed:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
         for proc in self.processes:
             proc.wait()
         self.processes.clear()
@@ -198,23 +205,6 @@ def _start(cluster: LocalCluster, name: str, command: list[str], timeout_s: floa
                 f"the Ray cluster did not reach {nodes} node(s) within {timeout_s:g}s\n{cluster.logs()}"
             )
         time.sleep(1.0)
-
-
-def process_tree(roots: list[int]) -> list[int]:
-    """``roots`` and all their descendants, parents first. Not the process groups: Ray gives each worker
-    a group of its own, and a job's driver a session of its own, so neither is in a node's group."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):  # gone since the listing
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")"
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], list(roots)
-    while todo:
-        pid = todo.pop(0)
-        tree.append(pid)
-        todo.extend(children.get(pid, []))
-    return tree
 
 
 def node_ip() -> str:
