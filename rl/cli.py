@@ -148,10 +148,15 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from rl.serving.command import ServeError, serve
+    from rl.serving.command import ServeError, serve, take_kv_cache_gib
 
     try:
-        return serve(args.export, args.vllm_args)
+        kv_cache_gib, vllm_args = take_kv_cache_gib(args.vllm_args)  # given after EXPORT
+        if args.kv_cache_gib is not None and kv_cache_gib is not None:
+            raise ServeError("--kv-cache-gib is given twice: pass it once")
+        return serve(
+            args.export, vllm_args, kv_cache_gib=args.kv_cache_gib if kv_cache_gib is None else kv_cache_gib
+        )
     except ServeError as err:
         print(f"heed: error: {err}", file=sys.stderr)
         return 2
@@ -366,6 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's OpenAI-compatible server on an export: DA settings from heed.json, server-side layout, "
         "KV accounting per response and on /metrics (loopback unless --host is given)",
     )
+    served.add_argument(
+        "--kv-cache-gib", type=float, default=None,
+        help="vLLM CPU KV cache in GiB (CPU only; default: 4, or half the memory free on vLLM's NUMA node "
+        "if less). "
+        "May come after EXPORT too",
+    )  # fmt: skip
     served.add_argument("export", help="a `heed export` folder")
     served.add_argument(
         "vllm_args", nargs=argparse.REMAINDER, help="any further `vllm serve` options (--port 8000, ...)"

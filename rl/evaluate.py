@@ -573,8 +573,9 @@ def _run_on_pool(
     if on_gpu:
         env = {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # the V1 runner the DA plugin hooks (README, rollouts)
     else:
-        engine_kwargs["enforce_eager"] = True
-        env = {"VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}"}
+        # bytes, not VLLM_CPU_KVCACHE_SPACE: vLLM reads that variable as whole GiB (0.5 would not start)
+        engine_kwargs.update(enforce_eager=True, kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)))
+        env = {}
     config = PoolConfig(
         str(checkpoint), num_actors=num_actors, block_size=block_size, engine_kwargs=engine_kwargs, env=env,
     )  # fmt: skip

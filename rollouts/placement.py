@@ -1,8 +1,9 @@
 """Where the rollout actors run on a Ray cluster: the placement strategies and the checks around them.
 
 The rollout pool (:mod:`rollouts.pool`) reserves its actors' resources in one Ray placement group
-(:func:`place_actors`: a shape the nodes can never hold fails at once, one that does not fit into what is
-free fails after ``placement_timeout_s``, both naming the shape and what each node has); the trainer's
+(``rollouts.pool.rollout_pool.place_actors``, with :func:`placement_problem`: a shape the nodes can never
+hold fails at once, one that does not fit into what is free fails after ``placement_timeout_s``, both
+naming the shape and what each node has); the trainer's
 rank 0 (:mod:`rl.train`) checks, once the pool is up, that every actor sits on a node that carries the
 rollout nodes' custom resource (``cluster.rollout_node_resource``); the pool settings
 (:mod:`rollouts.pool.settings`) and ``cluster.trainer_placement`` validate against the same strategies.
@@ -14,10 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from rollouts.pool.settings import PoolSettings
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -88,37 +86,6 @@ def check_rollout_placement(pool, resource: str) -> list[str]:
     return ips
 
 
-def place_actors(settings: PoolSettings):
-    """The pool's placement group, placed: ``num_actors`` bundles of ``settings.bundle`` spread by
-    ``settings.placement``, or a :class:`PlacementError` saying why not (judged by the nodes alive now)."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    problem = placement_problem(
-        settings.bundle, settings.num_actors, settings.placement, [n["Resources"] for n in nodes]
-    )
-    if problem:
-        raise PlacementError(
-            f"{pool_shape(settings)} can never be placed on this cluster: {problem}. Nodes: "
-            f"{describe_nodes(nodes, settings.bundle)}. Change rollout.num_actors, num_cpus_per_actor, "
-            "num_gpus_per_actor, resources_per_actor or placement, or add nodes that carry those resources"
-        )
-    group = placement_group([settings.bundle] * settings.num_actors, strategy=settings.placement)
-    if not group.wait(timeout_seconds=settings.placement_timeout_s):
-        remove_placement_group(group)
-        available = ray.available_resources()  # (leaves out what is all taken)
-        free = {name: available.get(name, 0.0) for name in settings.bundle}
-        raise PlacementError(
-            f"{pool_shape(settings)} was not placed within {settings.placement_timeout_s:g}s: the nodes could "
-            f"hold it, but other work holds their resources (free now in the whole cluster: {_amounts(free)}; "
-            f"nodes: {describe_nodes(nodes, settings.bundle)}). Free them (e.g. fewer trainer ranks on the "
-            "rollout nodes), or raise rollout.placement_timeout_s if nodes are still joining"
-        )
-    logger.info("rollout placement group ready: %s", pool_shape(settings))
-    return group
-
-
 def bundle_node_alive(group, bundle: int) -> bool:
     """Whether ``bundle`` of ``group`` is placed on a live node (after a node loss Ray moves it if it can)."""
     import ray
@@ -128,26 +95,17 @@ def bundle_node_alive(group, bundle: int) -> bool:
     return bool(node) and any(n["NodeID"] == node for n in ray.nodes() if n.get("Alive"))
 
 
-def pool_shape(settings: PoolSettings) -> str:
-    """The pool's placement group in words, for errors and logs.
-
-    >>> from rollouts.pool.settings import PoolSettings
-    >>> pool_shape(PoolSettings(num_actors=2, resources_per_actor={"heed_rollout": 1}))
-    'the rollout placement group (2 x {CPU: 1, heed_rollout: 1}, PACK)'
-    """
-    return f"the rollout placement group ({settings.num_actors} x {_amounts(settings.bundle)}, {settings.placement})"
-
-
 def describe_nodes(nodes: Sequence[Mapping[str, Any]], bundle: Mapping[str, float]) -> str:
     """Each live node's total of the resources a bundle asks for."""
     if not nodes:
         return "none alive"
     return "; ".join(
         f"{n['NodeID'][:8]} at {n.get('NodeManagerAddress', '?')} "
-        f"{_amounts({name: n['Resources'].get(name, 0.0) for name in bundle})}"
+        f"{describe_amounts({name: n['Resources'].get(name, 0.0) for name in bundle})}"
         for n in nodes
     )
 
 
-def _amounts(resources: Mapping[str, float]) -> str:
+def describe_amounts(resources: Mapping[str, float]) -> str:
+    """``{CPU: 1, heed_rollout: 1}``: resource amounts in errors and logs."""
     return "{" + ", ".join(f"{name}: {amount:g}" for name, amount in resources.items()) + "}"

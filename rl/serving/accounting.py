@@ -56,6 +56,7 @@ SAVING = Histogram(
     ["mode"],
     buckets=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0),
 )
+HEED_FIELD = "heed"  # the response field that carries a request's accounting
 _FINISH = {"stop": "stop", "length": "length"}  # what a Trajectory knows; anything else is an error
 
 

@@ -5,7 +5,8 @@ without replacing vLLM's handlers (endpoint plugins replace routes, and are gate
 would also filter the DA plugin's own ``vllm.general_plugins`` entry). It works the same under plain ``vllm
 serve EXPORT --middleware ...``.
 
-Per ``POST /v1/completions``:
+Per ``POST /v1/completions`` (and ``/v1/chat/completions`` whose documents arrive as tool results,
+``rl/serving/chat.py``: laid out and run as the same completion, answered as a chat completion):
 
 1. read the body; :func:`rl.serving.requests.da_request` decides whether it is a DA request (server-side
    layout -> rewritten to token ids + wire layout; token ids + wire layout -> tracked as sent) or not
@@ -30,13 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
-from .accounting import REJECTED, record_metrics, request_accounting
+from .accounting import HEED_FIELD, REJECTED, record_metrics, request_accounting
+from .chat import CHAT_PATH, chat_response, da_chat_request
 from .requests import DARequest, ServeRequestError, da_request
 
 logger = logging.getLogger(__name__)
 
 COMPLETIONS_PATH = "/v1/completions"
-HEED_FIELD = "heed"
 
 
 class _Serving:
@@ -75,8 +76,12 @@ class HeedMiddleware:
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="heed-layout")
 
     async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        chat = path.endswith(CHAT_PATH)
         if not (
-            scope["type"] == "http" and scope["method"] == "POST" and scope["path"].endswith(COMPLETIONS_PATH)
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and (chat or path.endswith(COMPLETIONS_PATH))
         ):
             return await self.app(scope, receive, send)
         if not self._authorized(scope):
@@ -90,8 +95,9 @@ class HeedMiddleware:
         loop = asyncio.get_running_loop()
         try:
             request = await loop.run_in_executor(
-                self._executor, da_request, body, serving.tokenizer, serving.settings, serving.max_model_len
-            )
+                self._executor, da_chat_request if chat else da_request, body, serving.tokenizer,
+                serving.settings, serving.max_model_len,
+            )  # fmt: skip
         except ServeRequestError as err:
             REJECTED.inc()
             return await _send_json(send, 400, _error(str(err)))
@@ -126,6 +132,9 @@ class HeedMiddleware:
     async def _serve(self, request: DARequest, scope, receive, send, serving: _Serving) -> None:
         forwarded = json.dumps(request.body).encode()
         scope = {**scope, "headers": _with_length(scope["headers"], len(forwarded))}
+        if request.chat:  # laid out as a completion: vLLM's completions handler runs it
+            path = scope["path"].removesuffix(CHAT_PATH) + COMPLETIONS_PATH
+            scope |= {"path": path, "raw_path": path.encode()}
         start: dict[str, Any] = {}
         chunks: list[bytes] = []
 
@@ -158,10 +167,10 @@ class HeedMiddleware:
                 choice.pop("prompt_token_ids", None)
             data[HEED_FIELD] = accounting
             record_metrics(accounting)
-            return json.dumps(data).encode()
+            return json.dumps(chat_response(data) if request.chat else data).encode()
         except Exception:  # the completion is the client's either way; the accounting is a bonus
             logger.exception("heed: no accounting for a DA completion; returned without it")
-            return payload
+            return json.dumps(chat_response(json.loads(payload))).encode() if request.chat else payload
 
 
 def _error(message: str, status: int = 400) -> dict:

@@ -58,6 +58,7 @@ class DARequest:
     mode: str
     body: dict[str, Any]
     client_wants_token_ids: bool
+    chat: bool = False  # a chat request laid out as this completions body (rl/serving/chat.py)
 
 
 def da_request(

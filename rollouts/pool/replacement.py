@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any
 
-from rollouts.placement import bundle_node_alive, pool_shape
+from rollouts.placement import bundle_node_alive
 from rollouts.pool.actor import ACTOR_ENV
 from rollouts.weight_sync import WORKER_EXTENSION
 
@@ -129,7 +129,7 @@ class ActorReplacement:
         if not self.actors:
             raise RuntimeError(
                 f"all {self.config.num_actors} rollout actors are lost (their nodes are gone and no node has "
-                f"room for {pool_shape(self.config)}, or their replacements did not start within "
+                f"room for {self.config.shape}, or their replacements did not start within "
                 f"replace_timeout_s={self.config.replace_timeout_s:g}s): bring rollout nodes back and resume"
             )
         return actor

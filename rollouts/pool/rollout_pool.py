@@ -24,15 +24,46 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollouts.engines.base import RolloutRequest, build_trajectory
-from rollouts.placement import place_actors
+from rollouts.placement import PlacementError, describe_amounts, describe_nodes, placement_problem
 from rollouts.pool.actor import RolloutActor, error_reason, is_rejection
 from rollouts.pool.replacement import ActorReplacement
-from rollouts.pool.settings import PoolConfig
+from rollouts.pool.settings import PoolConfig, PoolSettings
 from rollouts.pool.weights import WeightUpdates
 from rollouts.trajectory import Trajectory
 from rollouts.weight_sync import SyncStats
 
 logger = logging.getLogger(__name__)
+
+
+def place_actors(settings: PoolSettings):
+    """The pool's placement group, placed: ``num_actors`` bundles of ``settings.bundle`` spread by
+    ``settings.placement``, or a :class:`PlacementError` saying why not (judged by the nodes alive now)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    problem = placement_problem(
+        settings.bundle, settings.num_actors, settings.placement, [n["Resources"] for n in nodes]
+    )
+    if problem:
+        raise PlacementError(
+            f"{settings.shape} can never be placed on this cluster: {problem}. Nodes: "
+            f"{describe_nodes(nodes, settings.bundle)}. Change rollout.num_actors, num_cpus_per_actor, "
+            "num_gpus_per_actor, resources_per_actor or placement, or add nodes that carry those resources"
+        )
+    group = placement_group([settings.bundle] * settings.num_actors, strategy=settings.placement)
+    if not group.wait(timeout_seconds=settings.placement_timeout_s):
+        remove_placement_group(group)
+        available = ray.available_resources()  # (leaves out what is all taken)
+        free = {name: available.get(name, 0.0) for name in settings.bundle}
+        raise PlacementError(
+            f"{settings.shape} was not placed within {settings.placement_timeout_s:g}s: the nodes could "
+            f"hold it, but other work holds their resources (free now in the whole cluster: {describe_amounts(free)}; "
+            f"nodes: {describe_nodes(nodes, settings.bundle)}). Free them (e.g. fewer trainer ranks on the "
+            "rollout nodes), or raise rollout.placement_timeout_s if nodes are still joining"
+        )
+    logger.info("rollout placement group ready: %s", settings.shape)
+    return group
 
 
 @dataclass

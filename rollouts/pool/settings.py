@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rollouts.placement import PLACEMENTS
+from rollouts.placement import PLACEMENTS, describe_amounts
 
 ENGINES = ("vllm", "reference")  # what an actor runs (rollouts/pool/actor.py)
 ENGINE_CHOICES = ("auto", *ENGINES)  # what a setting may name; auto is vllm
@@ -135,6 +135,15 @@ class PoolSettings:
         """One actor's share of the placement group: CPUs, GPUs and custom resources (zeros left out)."""
         shape = {"CPU": self.num_cpus_per_actor, "GPU": self.num_gpus_per_actor, **self.resources_per_actor}
         return {name: float(amount) for name, amount in shape.items() if amount > 0}
+
+    @property
+    def shape(self) -> str:
+        """The pool's placement group in words, for errors and logs.
+
+        >>> PoolSettings(num_actors=2, resources_per_actor={"heed_rollout": 1}).shape
+        'the rollout placement group (2 x {CPU: 1, heed_rollout: 1}, PACK)'
+        """
+        return f"the rollout placement group ({self.num_actors} x {describe_amounts(self.bundle)}, {self.placement})"
 
     @property
     def receivers_per_actor(self) -> int:

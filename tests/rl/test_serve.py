@@ -44,6 +44,7 @@ STARTUP_TIMEOUT_S = 240
 FREE_TOKENS = 8
 MAX_MODEL_LEN = 2048
 FORCING = "rollouts.engines.forcing:ForcedTokensLogitsProcessor"
+CHAT_PATH = "/v1/chat/completions"
 # (row, mode, teacher-forced on the row's gold trace?): the server-side-layout requests and their oracle
 CASES = [(0, "da", True), (0, "da-nm", True), (0, "vanilla", False), (1, "da", True), (1, "da", False)]
 
@@ -101,8 +102,8 @@ class Server:
         except OSError:
             return 0, ""
 
-    def post(self, body: bytes | dict) -> tuple[int, dict]:
-        return post_completions(self.url, body, timeout=120)
+    def post(self, body: bytes | dict, path: str = "/v1/completions") -> tuple[int, dict]:
+        return post_completions(self.url, body, timeout=120, path=path)
 
     def heed_metrics(self) -> dict[tuple[str, tuple], float]:
         from prometheus_client.parser import text_string_to_metric_families
@@ -125,7 +126,8 @@ def _start_server(export: Path, log_path: Path) -> Server:
         "serve", str(export), "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "16",
         "--logits-processors", FORCING,
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = dict(os.environ)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the KV cache sized by heed serve's default, as a user starts it
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its engine core in its own process
     with open(log_path, "w") as log:  # a file, not a pipe: the engine core inherits it and nobody drains it
         proc = subprocess.Popen(
@@ -221,6 +223,69 @@ def _hostile(model, row) -> dict[str, tuple[bytes | dict, bool]]:
     }
 
 
+ANSWER_TURN = '<focus magic_chunks="2"> 17</focus>\n<answer> 17</answer>'  # an earlier turn's reply
+
+
+def _tool_turn(question: str, documents, call: str) -> list[dict]:
+    """The paper's tool dialogue: the assistant calls get_magic_chunk once per document, each answered."""
+    calls = [
+        {"id": f"{call}{k}", "type": "function", "function": {"name": "get_magic_chunk", "arguments": f'{{"k": {k}}}'}}
+        for k in range(1, len(documents) + 1)
+    ]  # fmt: skip
+    results = [
+        {"role": "tool", "tool_call_id": f"{call}{k}", "content": doc} for k, doc in enumerate(documents, 1)
+    ]
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        *results,
+    ]
+
+
+def _two_turns(rows) -> tuple[list[dict], dict]:
+    """A follow-up conversation (two documents a turn: a 6-document row's layout is 1,400 tokens) and the
+    example it must be laid out as: both turns' documents, the first turn between them."""
+    first, second = list(rows[0]["documents"][:2]), list(rows[1]["documents"][:2])
+    messages = [
+        *_tool_turn(rows[0]["question"], first, "a"),
+        {"role": "assistant", "content": ANSWER_TURN},
+        *_tool_turn(rows[1]["question"], second, "b"),
+    ]
+    earlier = f"Earlier question: {rows[0]['question']}\nEarlier answer: 17"  # ANSWER_TURN's answer
+    return messages, {"question": rows[1]["question"], "documents": [*first, earlier, *second]}
+
+
+def _chat(client, model, messages, tokenizer, forced_row=None, mode="da") -> dict:
+    """A chat completion from the `openai` client, the documents among its messages."""
+    extra = {"return_token_ids": True, "vllm_xargs": {"heed_mode": mode}}
+    max_tokens = FREE_TOKENS
+    if forced_row is not None:
+        gold = _gold(tokenizer, forced_row)
+        extra["vllm_xargs"]["heed_force"] = list(gold)
+        extra["ignore_eos"], max_tokens = True, len(gold)
+    response = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, extra_body=extra
+    )
+    return response.model_dump()
+
+
+def _hostile_chats(model, row) -> dict[str, dict]:
+    """name -> chat body with documents that Heed must refuse with a 400."""
+    turn = _tool_turn(row["question"], row["documents"], "h")
+    return {
+        "no open question": {"model": model, "messages": turn[1:]},
+        "a document that is an image": {
+            "model": model,
+            "messages": [
+                *turn,
+                {"role": "tool", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+            ],
+        },
+        "response_format": {"model": model, "messages": turn, "response_format": {"type": "json_object"}},
+        "a tool call required": {"model": model, "messages": turn, "tool_choice": "required"},
+    }
+
+
 @pytest.fixture(scope="module")
 def served(export, rows, tokenizer, tmp_path_factory):
     """Start `heed serve`, compute the oracle while it loads, then send every request at once: the
@@ -262,7 +327,24 @@ def served(export, rows, tokenizer, tmp_path_factory):
                 "hostile": {name: f.result() for name, f in refused.items()},
             }
         after = server.heed_metrics()
+        # chats after the metrics were read: test_metrics_... counts the completions requests above
+        turns = [_tool_turn(row["question"], row["documents"], call) for row, call in zip(rows, "ab")]
+        plain = {"model": server.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        chats = {
+            "forced": _chat(client, server.model, turns[0], tokenizer, forced_row=rows[0]),
+            "forced da-nm": _chat(
+                client, server.model, turns[0], tokenizer, forced_row=rows[0], mode="da-nm"
+            ),
+            "free": _chat(client, server.model, turns[1], tokenizer),
+            "two turns": _chat(client, server.model, _two_turns(rows)[0], tokenizer),
+            "hostile": {
+                name: server.post(body, CHAT_PATH)
+                for name, body in _hostile_chats(server.model, rows[0]).items()
+            },
+            "plain": server.post(plain, CHAT_PATH),
+        }
         yield {
+            "chats": chats,
             "server": server, "client": client, "requests": requests, "report": report,
             "before": before, "after": after, "hostile_by_heed": [n for n, (_, by_heed) in hostile.items() if by_heed],
             **results,
@@ -362,6 +444,59 @@ def test_hostile_requests_get_400_while_concurrent_valid_ones_succeed(served):
     assert "EngineDeadError" not in log and "Traceback" not in log, log[-4000:]
 
 
+def test_chat_with_documents_as_tool_results_is_evals_prompt_completion_and_accounting(served):
+    # CASES[0] and [1] (row 0 teacher-forced, da and da-nm), asked as the paper's tool dialogue
+    for name, index in (("forced", 0), ("forced da-nm", 1)):
+        chat, request, trajectory = (
+            served["chats"][name],
+            served["requests"][index],
+            served["report"].trajectories[index],
+        )
+        (choice,) = chat["choices"]
+        assert chat["object"] == "chat.completion" and choice["message"]["role"] == "assistant", name
+        assert choice["prompt_token_ids"] == list(request.layout.input_ids), name
+        assert choice["token_ids"] == trajectory.completion_ids, name
+        assert choice["message"]["content"] == trajectory.completion_text, name
+        assert {k: chat["heed"][k] for k in _expected(trajectory)} == _expected(trajectory), name
+        assert chat["heed"] == served["valid"][index]["heed"], name  # as the completions request got
+    # free decoding (CASES[3]'s prompt): a random model's near-tied logits may differ between batches,
+    # so its tokens are not compared; its prompt and its own accounting are
+    free = served["chats"]["free"]
+    (choice,) = free["choices"]
+    assert choice["prompt_token_ids"] == list(served["requests"][3].layout.input_ids)
+    assert free["heed"]["mode"] == "da" and free["heed"]["completion_tokens"] == len(choice["token_ids"]) > 0
+
+
+def test_a_two_turn_chat_is_laid_out_with_both_turns_chunks(served, rows, tokenizer):
+    from rl.evaluate import build_requests, layout_settings
+    from rl.export import read_heed_json
+
+    export = served["server"].model
+    _, example = _two_turns(rows)
+    settings = layout_settings(export, read_heed_json(export))
+    (request,) = build_requests([example], tokenizer, layout=settings, modes=("da",), max_tokens=1)
+    chat = served["chats"]["two turns"]
+    assert chat["choices"][0]["prompt_token_ids"] == list(request.layout.input_ids)
+    assert request.layout.num_chunks == 5  # two documents, the first turn, two documents
+    assert chat["heed"]["prompt_tokens"] == request.layout.prompt_len
+
+
+def test_hostile_chats_get_400_and_a_chat_without_documents_is_vllms(served):
+    for name, (status, body) in served["chats"]["hostile"].items():
+        assert status == 400 and body["error"]["message"], (name, status, body)
+    status, plain = served["chats"]["plain"]
+    assert status == 200 and plain["object"] == "chat.completion" and "heed" not in plain
+    assert served["server"].proc.poll() is None
+
+
+def test_the_server_runs_on_the_kv_cache_heed_sized(served):
+    # no sizing option and no VLLM_CPU_KVCACHE_SPACE: vLLM's own CPU default would ask for 92% of the node
+    log = served["server"].log_tail(1_000_000)
+    startup = next(line for line in log.splitlines() if "heed serve: vLLM" in line)
+    size = int(startup.split("--kv-cache-memory-bytes ", 1)[1].split()[0])
+    assert 0 < size <= 4 << 30
+
+
 def test_client_helper_and_token_ids_left_out_unless_asked(served, rows):
     from rl.serving.client import ask
 
@@ -379,13 +514,17 @@ def test_client_helper_and_token_ids_left_out_unless_asked(served, rows):
     )
 
 
-def test_heed_serve_refuses_what_contradicts_heed_json(export, tmp_path, capsys):
+def test_heed_serve_refuses_what_contradicts_heed_json(export, tmp_path, capsys, monkeypatch):
     from rl.cli import main
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
 
     for args, message in (
         (["--block-size", "16"], "heed.json says block_size=32"),
         (["--async-scheduling"], "drop --async-scheduling"),
         (["--model", "elsewhere"], "drop --model"),
+        (["--kv-cache-gib", "1e6"], "--kv-cache-gib 1e+06 does not fit: NUMA node"),
+        (["--gpu-memory-utilization", "1.0"], "--gpu-memory-utilization 1 reserves"),  # free < total
     ):
         assert main(["serve", str(export), *args]) == 2
         assert message in capsys.readouterr().err, args

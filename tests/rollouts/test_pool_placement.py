@@ -33,6 +33,7 @@ def test_bundle_is_cpus_gpus_and_custom_resources():
         "m", num_cpus_per_actor=8, num_gpus_per_actor=2, resources_per_actor={"heed_rollout": 1}
     )
     assert shape.bundle == {"CPU": 8.0, "GPU": 2.0, "heed_rollout": 1.0}
+    assert shape.shape == "the rollout placement group (1 x {CPU: 8, GPU: 2, heed_rollout: 1}, PACK)"
     assert PoolConfig("m", num_cpus_per_actor=0, resources_per_actor={"r": 1}).bundle == {"r": 1.0}
     assert PoolConfig("m").placement == "PACK"
 

@@ -75,11 +75,13 @@ class Server:
         return post_completions(self.url, body, REQUEST_TIMEOUT_S)
 
 
-def post_completions(url: str, body: bytes | dict, timeout: float) -> tuple[int, dict]:
-    """POST ``body`` (JSON, or raw bytes) to ``URL/v1/completions``; (status, decoded JSON body), an error
-    body that is not JSON as ``{"raw": text}``."""
+def post_completions(
+    url: str, body: bytes | dict, timeout: float, path: str = "/v1/completions"
+) -> tuple[int, dict]:
+    """POST ``body`` (JSON, or raw bytes) to ``URL/v1/completions`` (or ``path``); (status, decoded JSON
+    body), an error body that is not JSON as ``{"raw": text}``."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}/v1/completions", data, {"Content-Type": "application/json"})
+    request = urllib.request.Request(f"{url}{path}", data, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             return r.status, json.loads(r.read())
