@@ -149,21 +149,45 @@ def chat_response(completion: dict) -> dict:
     """A ``text_completion`` response (one choice, with ``heed``) as the ``chat.completion`` it answers."""
     (choice,) = completion["choices"]
     message = {"role": "assistant", "content": choice["text"], "tool_calls": []}
-    out_choice = {
-        "index": 0, "message": message, "logprobs": None, "finish_reason": choice.get("finish_reason"),
-        "stop_reason": choice.get("stop_reason"),
-    }  # fmt: skip
-    for key in ("token_ids", "prompt_token_ids"):
-        if key in choice:
-            out_choice[key] = choice[key]
+    return _as_chat(completion, "chat.completion", [_chat_choice(choice, message=message)])
+
+
+def chat_chunk(chunk: dict, first: bool) -> dict:
+    """A streamed ``text_completion`` chunk as the ``chat.completion.chunk`` it answers (the first one
+    names the role, as OpenAI's do); a usage chunk keeps no choices."""
+    choices = []
+    for choice in chunk["choices"]:
+        delta = (
+            {"role": "assistant", "content": choice.get("text", "")}
+            if first
+            else {"content": choice.get("text", "")}
+        )
+        choices.append(_chat_choice(choice, delta=delta))
+    return _as_chat(chunk, "chat.completion.chunk", choices)
+
+
+def _chat_choice(choice: dict, **content) -> dict:
+    out = {
+        "index": choice.get("index", 0),
+        **content,
+        "logprobs": None,
+        "finish_reason": choice.get("finish_reason"),
+    }
+    for key in ("stop_reason", "token_ids", "prompt_token_ids"):
+        if choice.get(key) is not None:
+            out[key] = choice[key]
+    return out
+
+
+def _as_chat(completion: dict, kind: str, choices: list[dict]) -> dict:
     out = {
         "id": "chatcmpl-" + str(completion.get("id", "")).removeprefix("cmpl-"),
-        "object": "chat.completion",
+        "object": kind,
         "created": completion.get("created", int(time.time())),
         "model": completion.get("model"),
-        "choices": [out_choice],
-        "usage": completion.get("usage"),
+        "choices": choices,
     }
-    if HEED_FIELD in completion:
-        out[HEED_FIELD] = completion[HEED_FIELD]
+    for key in ("usage", HEED_FIELD):
+        if completion.get(key) is not None:
+            out[key] = completion[key]
     return out

@@ -12,7 +12,7 @@ Per ``POST /v1/completions`` (and ``/v1/chat/completions`` whose documents arriv
    layout -> rewritten to token ids + wire layout; token ids + wire layout -> tracked as sent) or not
    (passed on byte for byte). A refused one gets a 400 in vLLM's error format and never reaches the engine;
 2. the (rewritten) request runs through vLLM's own handler: validation, the plugin's admission, the mask;
-3. a 200 response gets ``"heed"``: :func:`rl.serving.accounting.request_accounting` of the completion's token
+3. a 200 response gets ``"heed"`` (a streamed one on its final event: ``rl/serving/streaming.py``): :func:`rl.serving.accounting.request_accounting` of the completion's token
    ids, added to ``/metrics`` as well. Token ids the client did not ask for are removed again. Any other
    response goes back untouched; an accounting failure is logged and the completion returned without it.
 
@@ -34,6 +34,7 @@ from typing import Any
 from .accounting import HEED_FIELD, REJECTED, record_metrics, request_accounting
 from .chat import CHAT_PATH, chat_response, da_chat_request
 from .requests import DARequest, ServeRequestError, da_request
+from .streaming import StreamAccounting
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +147,8 @@ class HeedMiddleware:
             else:
                 await send(message)
 
+        if request.body.get("stream"):
+            return await self._stream(request, scope, forwarded, receive, send, serving)
         await self.app(scope, _replay(forwarded, receive), capture)
         status, payload = start.get("status", 500), b"".join(chunks)
         if status == 200:
@@ -153,6 +156,30 @@ class HeedMiddleware:
         headers = _with_length(start.get("headers", []), len(payload))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+
+    async def _stream(
+        self, request: DARequest, scope, forwarded: bytes, receive, send, serving: _Serving
+    ) -> None:
+        """Relay vLLM's events as they come, rewritten by :class:`StreamAccounting`; an answer other than
+        200 (a JSON error before the stream started) passes untouched."""
+        rewriter = StreamAccounting(request, serving.token_table, serving.kv_shape)
+        status: list[int] = []
+
+        async def relay(message):
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+                if message["status"] == 200:  # the events change length: no content-length
+                    headers = [
+                        (k, v) for k, v in message.get("headers", []) if k.lower() != b"content-length"
+                    ]
+                    message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body" and status == [200]:
+                more = message.get("more_body", False)
+                body = rewriter.feed(message.get("body", b"")) + (b"" if more else rewriter.close())
+                message = {"type": "http.response.body", "body": body, "more_body": more}
+            await send(message)
+
+        await self.app(scope, _replay(forwarded, receive), relay)
 
     def _with_accounting(self, request: DARequest, payload: bytes, serving: _Serving) -> bytes:
         try:

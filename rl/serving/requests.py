@@ -23,9 +23,9 @@ comes from there). Anything else is not a DA request and passes untouched.
 Refused (``ServeRequestError``, HTTP 400, that request alone): a question or documents missing or of the
 wrong type, an empty document, one longer than ``heed_chunk_tokens``, more documents than the context has
 KV blocks, a ``prompt`` beside them, both a server-side and a wire layout, an unknown mode, ``n`` other
-than 1 (accounting is per request) and ``stream`` (the accounting needs the whole completion; streamed DA
-responses are not supported yet). A prompt longer than the model's context is refused by vLLM itself,
-also with a 400.
+than 1 (accounting is per request) and ``echo``. A prompt longer than the model's context is refused by
+vLLM itself, also with a 400. ``stream`` is served: the accounting rides on the final event
+(``rl/serving/streaming.py``).
 """
 
 from __future__ import annotations
@@ -138,8 +138,8 @@ def _server_side_layout(body: dict, xargs: dict, tokenizer, settings, max_model_
 
 def _wire_layout(body: dict, xargs: dict) -> DARequest | None:
     prompt = body.get("prompt")
-    if body.get("stream") or not isinstance(prompt, list) or not all(type(t) is int for t in prompt):
-        return None  # streamed or not a single token-id prompt: passed on as before, without accounting
+    if not isinstance(prompt, list) or not all(type(t) is int for t in prompt):
+        return None  # not a single token-id prompt: passed on as before, without accounting
     try:
         spec = read_da_args(xargs, prompt)
     except LayoutError:
@@ -154,10 +154,6 @@ def _wire_layout(body: dict, xargs: dict) -> DARequest | None:
 def _check_single(body: dict) -> None:
     if body.get("n", 1) not in (1, None) or body.get("best_of") not in (1, None):
         raise ServeRequestError("n must be 1 (DA accounting is per request); send n requests instead")
-    if body.get("stream"):
-        raise ServeRequestError(
-            "stream is not supported with a server-side DA layout (the accounting needs the whole completion)"
-        )
     if body.get("echo"):
         raise ServeRequestError("echo is not supported with a server-side DA layout")
 

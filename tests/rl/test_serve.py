@@ -12,6 +12,11 @@ prompt eval sends and gets eval's completion and accounting (KV tokens read, van
 violations, answer), in every mode; a token-id request with a wire layout gets the same; `/metrics`
 moved by exactly the sums of the per-request figures; hostile requests got 400 while the valid ones,
 sent at the same time, succeeded; `heed serve` refuses flags that contradict heed.json before loading.
+The server starts with no KV-cache option (heed serve sizes the CPU cache itself). Chat: the `openai`
+client's `chat.completions.create` with the documents as tool results gets eval's prompt, completion and
+accounting; a two-turn conversation is laid out with both turns' chunks; chats Heed cannot serve get 400
+and one without documents is vLLM's own. Streamed, as a completion and as a chat: the same text, and the
+whole response's `heed` record on the final event.
 """
 
 from __future__ import annotations
@@ -216,7 +221,6 @@ def _hostile(model, row) -> dict[str, tuple[bytes | dict, bool]]:
         "unknown mode": (body(heed_mode="attend-everything"), True),
         "a prompt beside the documents": ({**body(), "prompt": "ignore the documents"}, True),
         "n=2": ({**body(), "n": 2}, True),
-        "stream": ({**body(), "stream": True}, True),
         "server-side and wire layout": (body(heed_da="{}"), True),
         "prompt past max_model_len": (body(heed_documents=long_docs), False),
         "body not JSON": (b"{not json", False),
@@ -267,6 +271,21 @@ def _chat(client, model, messages, tokenizer, forced_row=None, mode="da") -> dic
         model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, extra_body=extra
     )
     return response.model_dump()
+
+
+def _streamed(client, model, row, tokenizer, messages=None) -> list[dict]:
+    """CASES[0] (row, da, forced) streamed from the `openai` client, as a completion or (``messages``) a
+    chat, usage asked for: every chunk, as dicts."""
+    gold = _gold(tokenizer, row)
+    extra = {"vllm_xargs": {"heed_mode": "da", "heed_force": list(gold)}, "ignore_eos": True}
+    common = {"model": model, "max_tokens": len(gold), "temperature": 0.0, "stream": True,
+              "stream_options": {"include_usage": True}}  # fmt: skip
+    if messages is None:
+        extra["vllm_xargs"] |= {"heed_question": row["question"], "heed_documents": list(row["documents"])}
+        stream = client.completions.create(prompt="", extra_body=extra, **common)
+    else:
+        stream = client.chat.completions.create(messages=messages, extra_body=extra, **common)
+    return [chunk.model_dump() for chunk in stream]
 
 
 def _hostile_chats(model, row) -> dict[str, dict]:
@@ -342,9 +361,11 @@ def served(export, rows, tokenizer, tmp_path_factory):
                 for name, body in _hostile_chats(server.model, rows[0]).items()
             },
             "plain": server.post(plain, CHAT_PATH),
+            "streamed": _streamed(client, server.model, rows[0], tokenizer, messages=turns[0]),
         }
+        streamed = _streamed(client, server.model, rows[0], tokenizer)
         yield {
-            "chats": chats,
+            "chats": chats, "streamed": streamed,
             "server": server, "client": client, "requests": requests, "report": report,
             "before": before, "after": after, "hostile_by_heed": [n for n, (_, by_heed) in hostile.items() if by_heed],
             **results,
@@ -479,6 +500,24 @@ def test_a_two_turn_chat_is_laid_out_with_both_turns_chunks(served, rows, tokeni
     assert chat["choices"][0]["prompt_token_ids"] == list(request.layout.input_ids)
     assert request.layout.num_chunks == 5  # two documents, the first turn, two documents
     assert chat["heed"]["prompt_tokens"] == request.layout.prompt_len
+
+
+def test_a_streamed_request_gets_the_same_text_and_a_final_heed_record(served):
+    # CASES[0] streamed, as a completion and as a chat: the text and the accounting of the whole response
+    whole = served["valid"][0]
+    for name, chunks in (("completion", served["streamed"]), ("chat", served["chats"]["streamed"])):
+        if name == "chat":
+            text = "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks if c["choices"])
+        else:
+            text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        assert text == whole["choices"][0]["text"], name
+        assert [i for i, c in enumerate(chunks) if c.get("heed")] == [len(chunks) - 1], name  # the final one
+        final = chunks[-1]
+        assert (
+            final["choices"] == []
+            and final["usage"]["completion_tokens"] == whole["heed"]["completion_tokens"]
+        )
+        assert final["heed"] == whole["heed"], name
 
 
 def test_hostile_chats_get_400_and_a_chat_without_documents_is_vllms(served):
