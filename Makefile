@@ -10,7 +10,7 @@ test:
 demo: setup
 	.venv/bin/heed protocol demo
 
-# The README's dashboard picture: the embedded default run (runs/tiny; trained first if absent),
+# The dashboard picture in docs/dashboards.md: the embedded default run (runs/tiny; trained first if absent),
 # rendered to HTML and photographed by headless Chromium (apt-get install chromium).
 screenshot: setup
 	test -f runs/tiny/report.html || .venv/bin/heed train

@@ -288,7 +288,7 @@ class SelectiveSection(Section):
     memory_tau: float = 1.0  # L_mem's tau: how much accumulated mask counts as a token fully masked
     grpo_memory_eps: float = 0.1  # weight of L_mem added to the GRPO loss (logged as aux_loss); 0: off
     # The attention kernel of prefills and training forwards: dense (any device) or triton (fused: F is never
-    # materialised; CUDA only, see README "Fused kernels"). Forwards that replay budgets always run dense.
+    # materialised; CUDA only, see docs/selective-attention.md, "Fused kernels"). Forwards that replay budgets always run dense.
     kernel: str = "dense"
 
     def validate(self):

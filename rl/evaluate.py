@@ -571,7 +571,7 @@ def _run_on_pool(
     on_gpu = torch.cuda.is_available()
     engine_kwargs = {"max_model_len": max_model_len, "dtype": dtype or ("auto" if on_gpu else "float32")}
     if on_gpu:
-        env = {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # the V1 runner the DA plugin hooks (README, rollouts)
+        env = {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # the V1 runner the DA plugin hooks (docs/serving.md)
     else:
         # bytes, not VLLM_CPU_KVCACHE_SPACE: vLLM reads that variable as whole GiB (0.5 would not start)
         engine_kwargs.update(enforce_eager=True, kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)))

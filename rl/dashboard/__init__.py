@@ -7,7 +7,7 @@
   ``embed``: how a figure sits in the page; ``trajectory_views``: chosen trajectories and sample table;
   ``smoothing``: the smoothed line over every per-step series (TensorBoard's debiased EMA).
 - ``text_summary``: ``heed dashboard --text``; ``wandb_mirror``: ``heed dashboard --wandb``.
-- ``browser``: headless Chromium (browser test, README screenshot).
+- ``browser``: headless Chromium (browser test, the screenshot in docs/dashboards.md).
 - ``sample_run``: a tiny run directory from scored gold and perturbed traces (no training).
 """
 

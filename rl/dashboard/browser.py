@@ -1,6 +1,6 @@
 """Open a report in headless Chromium: read back the drawn DOM, or save a screenshot.
 
-Used by the browser test and by the README screenshot target::
+Used by the browser test and by the screenshot target (docs/dashboards.md)::
 
     python -m rl.dashboard.browser docs/dashboard.png runs/tiny   # a run directory -> report -> PNG
     python -m rl.dashboard.browser docs/dashboard.png             # a sample run (no training) instead

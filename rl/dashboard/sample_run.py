@@ -1,6 +1,6 @@
 """A real, tiny run directory without a trainer: scored gold and perturbed traces written over "steps".
 
-This is *not* training. It exists so the dashboard, its tests and the README screenshot have a run
+This is *not* training. It exists so the dashboard, its tests and the screenshot in docs/dashboards.md have a run
 directory made by the real pipeline pieces:
 
 1. ``data`` generators build a small dataset (three tasks, two context lengths) with gold DA traces.

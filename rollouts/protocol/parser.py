@@ -7,7 +7,7 @@ The model writes its attention plan into its own output:
     <local>2011 - 2003 = 8 years.</local>
     <answer>8 years</answer>
 
-Rules (the README repeats them; tests pin each one):
+Rules (docs/protocol.md repeats them; tests pin each one):
 
 - Modes: ``global`` (every chunk visible, and the index if the prompt has one), ``focus`` (only the
   listed chunks), ``local`` (no chunk), ``index`` (version 3: the prompt's index region, no chunk).
