@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-from rl.config_sections import ContextStage
+from rl.config.sections import ContextStage
 
 
 class CurriculumSampler(Sampler[int]):

@@ -83,7 +83,7 @@ class LaunchError(RuntimeError):
 
 def source_tree() -> Path:
     """The folder packaged as the job's working directory: this checkout."""
-    from rl.config_sections import REPO_ROOT
+    from rl.config.sections import REPO_ROOT
 
     if not (REPO_ROOT / "rl" / "launch.py").is_file() or not (REPO_ROOT / "pyproject.toml").is_file():
         raise LaunchError(

@@ -113,7 +113,7 @@ class DACollator:
 @dataclass
 class SFTConfig:
     """Warm-start hyperparameters. ``heed train`` fills them from its ``sft`` and ``run`` sections
-    (:meth:`rl.config_training.SFTSection.to_sft_config`); the defaults are for calling :func:`train_sft`
+    (:meth:`rl.config.training.SFTSection.to_sft_config`); the defaults are for calling :func:`train_sft`
     directly on a tiny model."""
 
     output_dir: str = "runs/sft"  # where checkpoints and logs go

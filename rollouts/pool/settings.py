@@ -1,7 +1,7 @@
 """The rollout pool's settings, one schema: what ``heed train`` reads as its ``rollout:`` section.
 
 :class:`PoolSettings` holds every setting with its help text (the comment after each field) and its
-checks; ``rl.config_cluster.RolloutSection`` *is* this class (it adds the YAML key paths and the
+checks; ``rl.config.cluster.RolloutSection`` *is* this class (it adds the YAML key paths and the
 engine arguments the run sets itself), so a setting is declared, documented and checked here only.
 :class:`PoolConfig` is a pool to start: the settings plus the model every engine loads and the KV block
 size its layouts use. A bad value raises :class:`SettingError`, which names the field and says what to

@@ -158,7 +158,7 @@ def test_weight_sync_choices_are_the_pools():
 
 
 def test_rollout_placement_choices_are_the_pools():
-    from rl.config_cluster import PLACEMENTS as ROLLOUT_PLACEMENTS
+    from rl.config.cluster import PLACEMENTS as ROLLOUT_PLACEMENTS
     from rollouts.placement import PLACEMENTS
     from rollouts.pool import PoolConfig
 

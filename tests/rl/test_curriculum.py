@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rl.config_sections import ContextStage
+from rl.config.sections import ContextStage
 from rl.curriculum import CurriculumSampler
 
 TASKS = ["a"] * 30 + ["b"] * 10  # imbalanced on purpose

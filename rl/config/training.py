@@ -3,7 +3,7 @@ policy's Selective Attention (its KV budgets and their search, the memory loss).
 
 Each phase's section translates itself into its trainer's settings by a declared mapping:
 :meth:`SFTSection.to_sft_config` (``rl.sft.SFTConfig``) and :meth:`GRPOSection.to_grpo_config` (TRL's
-``GRPOConfig``, from ``GRPOSection.TRL_FIELDS``). Validation: ``rl/config_validation.py``.
+``GRPOConfig``, from ``GRPOSection.TRL_FIELDS``). Validation: ``rl/config/validation.py``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from data.config import OOD_SPLIT, SPLITS
-from rl.config_sections import ModelSection, RunSection
-from rl.config_validation import ConfigError, Section, check, resolve_path, search_roots
+from rl.config.sections import ModelSection, RunSection
+from rl.config.validation import ConfigError, Section, check, resolve_path, search_roots
 from rollouts.selective.constants import KERNELS, MIN_BUDGET
 
 # TRL 1.16 GRPOConfig's accepted values (trl/trainer/grpo_config.py, `loss_type`, `scale_rewards` and

@@ -4,9 +4,9 @@ A section is a dataclass whose fields carry their help text as a trailing commen
 coerces each value to its field's type first (so YAML's ``1e-6``, a string to PyYAML, is a float, and a bad
 type is a clear error), then runs the section's ``validate``; every error is a :class:`ConfigError` that
 starts with the dotted key to change (``grpo.num_generations: must be >= 2, got 1``), and an unknown key
-suggests the near miss. The sections themselves: ``rl/config_sections.py`` (the job's inputs and
-outputs), ``rl/config_training.py`` (SFT, GRPO, Selective Attention), ``rl/config_cluster.py`` (the
-rollout pool and the trainer ranks); the whole config: ``rl/config.py``.
+suggests the near miss. The sections themselves: ``rl/config/sections.py`` (the job's inputs and
+outputs), ``rl/config/training.py`` (SFT, GRPO, Selective Attention), ``rl/config/cluster.py`` (the
+rollout pool and the trainer ranks); the whole config: ``rl/config/__init__.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-REPO_ROOT = Path(__file__).resolve().parents[1]  # a source checkout or an editable install
+REPO_ROOT = Path(__file__).resolve().parents[2]  # a source checkout or an editable install
 SHARE_ROOT = Path(sys.prefix) / "share" / "heed"  # where a wheel installs configs/ (pyproject data-files)
 
 

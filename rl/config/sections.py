@@ -2,9 +2,9 @@
 and its tokenizer, the data and the curriculum over it, evaluation, logging and export.
 
 One dataclass per YAML section; every field's trailing comment is its help text, and each section checks
-itself on construction (``rl/config_validation.py``). The training phases' sections are in
-``rl/config_training.py``, the rollout pool's and the trainer ranks' in ``rl/config_cluster.py``; the
-top-level ``RunConfig``, loading, overrides and saving in ``rl/config.py``.
+itself on construction (``rl/config/validation.py``). The training phases' sections are in
+``rl/config/training.py``, the rollout pool's and the trainer ranks' in ``rl/config/cluster.py``; the
+top-level ``RunConfig``, loading, overrides and saving in ``rl/config/__init__.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import ClassVar
 from data.config import OOD_SPLIT, SPLITS, parse_config
 from data.schema import DataError
 from data.tasks import TASKS
-from rl.config_validation import REPO_ROOT, ConfigError, Section, check  # noqa: F401  (REPO_ROOT: rl/launch.py)
+from rl.config.validation import REPO_ROOT, ConfigError, Section, check  # noqa: F401  (REPO_ROOT: rl/launch.py)
 from rl.model import TinyModelConfig
 from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS
 from rollouts.protocol.layout import LAYOUT_STYLES, LayoutSettings

@@ -10,9 +10,9 @@
     eval:       which modes are evaluated, when    logging: wandb      export: the served checkpoint
     cluster:    trainer ranks and their resources on a Ray cluster (`heed launch`)
 
-Every key is documented where it is defined, the comment after each field: ``rl/config_sections.py`` (run,
-model, tokenizer, data, curriculum, eval, logging, export), ``rl/config_training.py`` (sft, grpo,
-selective), ``rl/config_cluster.py`` (cluster; rollout, whose keys are ``rollouts/pool/settings.py``'s),
+Every key is documented where it is defined, the comment after each field: ``rl/config/sections.py`` (run,
+model, tokenizer, data, curriculum, eval, logging, export), ``rl/config/training.py`` (sft, grpo,
+selective), ``rl/config/cluster.py`` (cluster; rollout, whose keys are ``rollouts/pool/settings.py``'s),
 ``rewards/config.py`` (rewards). Every key is checked before anything starts; an error names the key by
 its dotted path and, for a typo, the near miss::
 
@@ -36,8 +36,8 @@ import yaml
 
 from data.config import read_yaml
 from rewards.config import RewardConfig
-from rl.config_cluster import ClusterSection, RolloutSection
-from rl.config_sections import (
+from rl.config.cluster import ClusterSection, RolloutSection
+from rl.config.sections import (
     ContextStage,
     CurriculumSection,
     DataSection,
@@ -48,8 +48,8 @@ from rl.config_sections import (
     RunSection,
     TokenizerSection,
 )
-from rl.config_training import GRPOSection, SelectiveSection, SFTSection
-from rl.config_validation import REPO_ROOT, SHARE_ROOT, ConfigError, Section, check, from_mapping
+from rl.config.training import GRPOSection, SelectiveSection, SFTSection
+from rl.config.validation import REPO_ROOT, SHARE_ROOT, ConfigError, Section, check, from_mapping
 
 SECRET_FIELDS = frozenset({"logging.wandb_api_key"})  # dropped by to_dict(redact=True) and save_run_config
 DEFAULT_CONFIG = Path("configs") / "tiny.yaml"  # the embedded default, relative to the repo or share dir

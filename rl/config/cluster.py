@@ -1,6 +1,6 @@
 """The sections of a ``heed train`` run config that say where its processes run: the rollout pool's engines
 (``rollout``: the pool's own settings, ``rollouts/pool/settings.py``) and the trainer ranks (``cluster``).
-Validation: ``rl/config_validation.py``.
+Validation: ``rl/config/validation.py``.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rl.config_validation import ConfigError, Section, check
+from rl.config.validation import ConfigError, Section, check
 from rollouts.placement import PLACEMENTS
 from rollouts.pool.settings import PoolSettings, SettingError
 
