@@ -104,6 +104,7 @@ def _eval(args: argparse.Namespace) -> int:
     from rl.console import console
     from rl.evaluate import EvalError, eval_checkpoint, parse_modes, write_completions_jsonl, write_eval_json
     from rl.export import ExportError
+    from rl.tables import print_table
 
     if args.run_dir and not Path(args.run_dir).is_dir():
         print(f"heed: error: run directory {args.run_dir} does not exist", file=sys.stderr)
@@ -128,11 +129,11 @@ def _eval(args: argparse.Namespace) -> int:
     except (EvalError, ExportError) as err:
         print(f"heed: error: {err}", file=sys.stderr)
         return 2
-    # narrow tables on Heed's console: whole numbers when piped, as heed train prints them (rl/console.py)
+    # whole numbers at any width, piped or not, as heed train prints its tables (rl/console.py)
     what = f"{args.checkpoint} on {args.data} [{args.split}]"
-    console.print(report.by_task_table(title=f"Eval of {what}: accuracy by task and context length"))
-    console.print(report.summary_table(title="Eval: answers, every task and length"))
-    console.print(report.reads_table(title="Eval: KV reads, every task and length"))
+    print_table(report.by_task_table(title=f"Eval of {what}: accuracy by task and context length"), console)
+    print_table(report.summary_table(title="Eval: answers, every task and length"), console)
+    print_table(report.reads_table(title="Eval: KV reads, every task and length"), console)
     step = report.meta.get("source_step") or 0
     written = []
     if args.run_dir:

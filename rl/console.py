@@ -3,7 +3,8 @@ every framework's chatter in the run directory's log file.
 
 - ``console`` is the one rich console Heed prints to. On a terminal it takes the terminal's width; piped
   into a file or a CI log (no terminal to measure) it is ``PIPED_WIDTH`` columns wide instead of rich's
-  80, so tables keep their numbers whole. Heed's tables are kept narrow enough for 80 columns anyway.
+  80 (``COLUMNS`` overrides it). Tables go through ``rl.tables.print_table``, which prints them whole
+  whatever the console's width.
 - :func:`route_framework_logs` sends the Python logging of vLLM, Ray, transformers, TRL, datasets,
   DeepSpeed, accelerate and wandb, and Python warnings, to ``RUN_DIR/logs/heed.log``; only their errors
   still reach the console. Rollout actors (other processes) write their own output to

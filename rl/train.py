@@ -61,6 +61,7 @@ from rl.environment import describe as describe_environment
 from rl.run_inputs import complete_checkpoints, load_policy, run_data, run_model, run_tokenizer, set_budgets
 from rl.run_pool import start_pool
 from rl.summary import SUMMARY_METRICS, before_after_table, difference_line
+from rl.tables import print_table
 
 logger = logging.getLogger(__name__)
 # what a GRPO progress line shows besides the loss (TRL's mean reward, the batch's accuracy and KV saving)
@@ -528,8 +529,8 @@ class TrainRecipe:
             self.writer.write_eval(name, step, report.results())
             self.state["eval"][name] = report.by_mode()
             self.state.setdefault("eval_examples", {})[name] = report.per_completion("da", SUMMARY_METRICS)
-            console.print(report.summary_table(title=f"eval {name}"))
-            console.print(report.reads_table(title=f"eval {name}: KV reads"))
+            print_table(report.summary_table(title=f"eval {name}"), console)
+            print_table(report.reads_table(title=f"eval {name}: KV reads"), console)
             console.print(f"[dim]per task and length: {self.run_dir / 'eval' / (name + '.json')}[/]")
 
         self.ranks.on_main(on_rank0)
@@ -561,7 +562,7 @@ class TrainRecipe:
         for suffix, what in (("", "greedy"), ("_sampled", "sampled at grpo.temperature")):
             table = before_after_table(self.state, suffix, title=f"held-out da, {what}")
             if table is not None:
-                console.print(table)
+                print_table(table, console)
             line = difference_line(self.state, suffix)
             if line:
                 console.print(line, highlight=False, soft_wrap=True)  # one line: the terminal wraps it

@@ -11,6 +11,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from rl.tables import print_table
+
 from .records import MODES
 from .report import EVAL_MODES
 from .run_dir import Run
@@ -70,7 +72,10 @@ def print_summary(run: Run, console: Console | None = None) -> None:
         at, values = run.series(name)
         if values:
             table.add_row(name, _fmt(values[0]), _fmt(values[-1]), _fmt(smooth(values)[-1]), str(at[-1]))
-    console.print(table if table.row_count else "[italic]no metrics logged yet[/]")
+    if table.row_count:
+        print_table(table, console)
+    else:
+        console.print("[italic]no metrics logged yet[/]")
     for name, data in run.evals.items():
         ev = Table(title=f"Eval {name} (step {data.get('step')}): accuracy (RULER's) / KV tokens read")
         ev.add_column("task")
@@ -83,7 +88,7 @@ def print_summary(run: Run, console: Console | None = None) -> None:
         for (task, label), by_mode in sorted(rows.items()):
             cells = [_eval_cell(by_mode[m]) if m in by_mode else "–" for m in EVAL_MODES]
             ev.add_row(task, label, *cells)
-        console.print(ev)
+        print_table(ev, console)
     if run.skipped:
         console.print(f"[bold yellow]Skipped while reading ({len(run.skipped)}):[/]")
         for s in run.skipped:
