@@ -38,7 +38,7 @@ from typing import Any
 from rollouts.protocol.parser import parse_completion
 
 from .accounting import HEED_FIELD
-from .requests import DOCUMENTS_KEY, QUESTION_KEY, DARequest, ServeRequestError, da_request
+from .requests import DOCUMENTS_KEY, QUESTION_KEY, DARequest, ServeRequestError, as_documents, da_request
 
 CHAT_PATH = "/v1/chat/completions"
 # chat fields that mean the same in a completions body, or nothing once the documents are laid out
@@ -74,9 +74,7 @@ def da_chat_request(body: Any, tokenizer, settings, max_model_len: int | None = 
         )
     if body.get("tool_choice") not in (None, "none", "auto"):
         raise ServeRequestError("the documents are already in the prompt: tool_choice must be none or auto")
-    given = xargs.get(DOCUMENTS_KEY, [])
-    if isinstance(given, str):
-        given = [given]
+    given = as_documents(xargs.get(DOCUMENTS_KEY, []))
     if not isinstance(given, list):
         raise ServeRequestError(f"vllm_xargs.{DOCUMENTS_KEY} must be a list of strings")
     completion = {k: v for k, v in body.items() if k in _SAME}

@@ -87,11 +87,9 @@ def _server_side_layout(body: dict, xargs: dict, tokenizer, settings, max_model_
             f"send either {QUESTION_KEY}/{DOCUMENTS_KEY} (the server lays the prompt out) or a wire layout "
             f"in {LAYOUT_KEY} with token ids, not both"
         )
-    question, documents = xargs.get(QUESTION_KEY), xargs.get(DOCUMENTS_KEY)
+    question, documents = xargs.get(QUESTION_KEY), as_documents(xargs.get(DOCUMENTS_KEY))
     if not isinstance(question, str) or not question.strip():
         raise ServeRequestError(f"vllm_xargs.{QUESTION_KEY} must be a non-empty string")
-    if isinstance(documents, str):  # one document, or a JSON list sent as text
-        documents = _json_list(documents) if documents.lstrip().startswith("[") else [documents]
     if not isinstance(documents, list) or not documents:
         raise ServeRequestError(f"vllm_xargs.{DOCUMENTS_KEY} must be a non-empty list of strings")
     if max_model_len is not None and len(documents) > max_model_len // settings.block_size:
@@ -156,6 +154,14 @@ def _check_single(body: dict) -> None:
         raise ServeRequestError("n must be 1 (DA accounting is per request); send n requests instead")
     if body.get("echo"):
         raise ServeRequestError("echo is not supported with a server-side DA layout")
+
+
+def as_documents(value: Any) -> Any:
+    """``heed_documents`` as sent: a list, one document as a string, or a JSON list sent as text (vLLM's
+    ``vllm_xargs`` schema wants flat values). Anything else is returned for the caller to refuse."""
+    if isinstance(value, str):
+        return _json_list(value) if value.lstrip().startswith("[") else [value]
+    return value
 
 
 def _json_list(text: str) -> Any:
