@@ -101,7 +101,7 @@ def _budgets(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rl.console import console
+    from rl.console import console, route_framework_logs
     from rl.evaluate import EvalError, eval_checkpoint, parse_modes, write_completions_jsonl, write_eval_json
     from rl.export import ExportError
     from rl.tables import print_table
@@ -109,7 +109,13 @@ def _eval(args: argparse.Namespace) -> int:
     if args.run_dir and not Path(args.run_dir).is_dir():
         print(f"heed: error: run directory {args.run_dir} does not exist", file=sys.stderr)
         return 2
+    out = Path(args.out or Path(args.checkpoint) / "eval.json")
+    log = out.with_suffix(".log")  # vLLM's and Ray's messages, the engines' included; errors still print
     try:
+        if Path(args.checkpoint).is_dir():  # (a missing one is refused below, without a folder made for it)
+            import ray  # noqa: F401  (Ray adds its console handler on import: routed with the rest)
+
+            route_framework_logs(None, log)
         report = eval_checkpoint(
             args.checkpoint,
             args.data,
@@ -125,6 +131,7 @@ def _eval(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             samples=args.samples,
             seed=args.seed,
+            log_file=log,
         )
     except (EvalError, ExportError) as err:
         print(f"heed: error: {err}", file=sys.stderr)
@@ -141,10 +148,10 @@ def _eval(args: argparse.Namespace) -> int:
 
         name = args.name or f"{Path(args.checkpoint).name}-{args.split}"
         written.append(RunWriter(args.run_dir).write_eval(name, step, report.results()))
-    written.append(write_eval_json(report, args.out or Path(args.checkpoint) / "eval.json", step))
+    written.append(write_eval_json(report, out, step))
     if args.completions:
         written.append(write_completions_jsonl(report, args.completions))
-    print("wrote " + ", ".join(map(str, written)))
+    print("wrote " + ", ".join(map(str, written)) + f"; logs: {log}")
     return 0
 
 

