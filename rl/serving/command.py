@@ -109,7 +109,7 @@ def cpu_kv_cache_bytes(kv_cache_gib: float | None, memory: NodeMemory) -> int:
     """
     if kv_cache_gib is None:
         return min(DEFAULT_KV_CACHE_GIB * GIB, int(memory.available * DEFAULT_SHARE_OF_FREE))
-    if not kv_cache_gib > 0:
+    if not (kv_cache_gib > 0 and math.isfinite(kv_cache_gib)):
         raise ServeError(f"--kv-cache-gib must be a positive number of GiB, got {kv_cache_gib:g}")
     size = int(kv_cache_gib * GIB)
     if size > memory.available:

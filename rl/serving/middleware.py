@@ -12,8 +12,9 @@ Per ``POST /v1/completions`` (and ``/v1/chat/completions`` whose documents arriv
    layout -> rewritten to token ids + wire layout; token ids + wire layout -> tracked as sent) or not
    (passed on byte for byte). A refused one gets a 400 in vLLM's error format and never reaches the engine;
 2. the (rewritten) request runs through vLLM's own handler: validation, the plugin's admission, the mask;
-3. a 200 response gets ``"heed"`` (a streamed one on its final event: ``rl/serving/streaming.py``): :func:`rl.serving.accounting.request_accounting` of the completion's token
-   ids, added to ``/metrics`` as well. Token ids the client did not ask for are removed again. Any other
+3. a 200 response gets ``"heed"`` (a streamed one on its final event: ``rl/serving/streaming.py``):
+   :func:`rl.serving.accounting.request_accounting` of the completion's token ids, added to ``/metrics``
+   as well. Token ids the client did not ask for are removed again. Any other
    response goes back untouched; an accounting failure is logged and the completion returned without it.
 
 Layout tokenizes the documents, so it runs on one worker thread, off the event loop (the tokenizer is not
@@ -136,6 +137,8 @@ class HeedMiddleware:
         if request.chat:  # laid out as a completion: vLLM's completions handler runs it
             path = scope["path"].removesuffix(CHAT_PATH) + COMPLETIONS_PATH
             scope |= {"path": path, "raw_path": path.encode()}
+        if request.body.get("stream"):
+            return await self._stream(request, scope, forwarded, receive, send, serving)
         start: dict[str, Any] = {}
         chunks: list[bytes] = []
 
@@ -147,8 +150,6 @@ class HeedMiddleware:
             else:
                 await send(message)
 
-        if request.body.get("stream"):
-            return await self._stream(request, scope, forwarded, receive, send, serving)
         await self.app(scope, _replay(forwarded, receive), capture)
         status, payload = start.get("status", 500), b"".join(chunks)
         if status == 200:
@@ -197,7 +198,12 @@ class HeedMiddleware:
             return json.dumps(chat_response(data) if request.chat else data).encode()
         except Exception:  # the completion is the client's either way; the accounting is a bonus
             logger.exception("heed: no accounting for a DA completion; returned without it")
-            return json.dumps(chat_response(json.loads(payload))).encode() if request.chat else payload
+        if request.chat:
+            try:
+                return json.dumps(chat_response(json.loads(payload))).encode()
+            except Exception:
+                logger.exception("heed: a completion that is not one; returned as vLLM sent it")
+        return payload
 
 
 def _error(message: str, status: int = 400) -> dict:

@@ -106,8 +106,9 @@ def test_the_cpu_kv_cache_fits_the_node_whatever_its_total(export):
         ServeError, match=r"--kv-cache-gib 8 does not fit: NUMA node 0 has 7\.0 of 10\.0 GiB free"
     ):
         vllm_argv(export, [], on_cpu=True, kv_cache_gib=8, memory=NODE)
-    with pytest.raises(ServeError, match="must be a positive number"):
-        vllm_argv(export, [], on_cpu=True, kv_cache_gib=0, memory=NODE)
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ServeError, match="must be a positive number"):
+            vllm_argv(export, [], on_cpu=True, kv_cache_gib=bad, memory=NODE)
 
 
 def test_vllms_own_sizing_replaces_heeds_and_both_at_once_is_refused(export, monkeypatch):
