@@ -381,9 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     served.add_argument(
         "--kv-cache-gib", type=float, default=None,
-        help="vLLM CPU KV cache in GiB (CPU only; default: 4, or half the memory free on vLLM's NUMA node "
-        "if less). "
-        "May come after EXPORT too",
+        help="vLLM CPU KV cache in GiB (CPU only; default 4, or half the memory free on vLLM's NUMA node "
+        "if less); may also come after EXPORT",
     )  # fmt: skip
     served.add_argument("export", help="a `heed export` folder")
     served.add_argument(

@@ -3,9 +3,8 @@
 The rollout pool (:mod:`rollouts.pool`) reserves its actors' resources in one Ray placement group
 (``rollouts.pool.rollout_pool.place_actors``, with :func:`placement_problem`: a shape the nodes can never
 hold fails at once, one that does not fit into what is free fails after ``placement_timeout_s``, both
-naming the shape and what each node has); the trainer's
-rank 0 (:mod:`rl.train`) checks, once the pool is up, that every actor sits on a node that carries the
-rollout nodes' custom resource (``cluster.rollout_node_resource``); the pool settings
+naming the shape and what each node has); the trainer's rank 0 (:mod:`rl.train`) checks, once the pool is
+up, that every actor sits on a node that carries the rollout nodes' custom resource (``cluster.rollout_node_resource``); the pool settings
 (:mod:`rollouts.pool.settings`) and ``cluster.trainer_placement`` validate against the same strategies.
 Torch-free, and Ray is imported only by the functions that talk to a cluster, so loading a config imports
 neither.
