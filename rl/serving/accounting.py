@@ -14,7 +14,8 @@ Nothing is derived here. The completion's token ids go through ``build_trajector
              "violations": [], "answer": "42", "protocol_version": 2}
 
 Left out: Selective Attention eviction (a budgeted export reads less than the DA trace says in every mode;
-its per-layer reads are in the workers and are not collected here), and streamed responses.
+its per-layer reads are in the workers and are not collected here). A streamed response gets the same
+record on its final event (``rl/serving/streaming.py``).
 
 The Prometheus series live in the API server's process registry, which vLLM's ``/metrics`` serves (with
 ``--api-server-count > 1`` vLLM switches to its multiprocess registry, which prometheus_client also
