@@ -75,11 +75,11 @@ def run_demo(
     console.print(f"[bold]Chunk spans[/] (tokens): {spans}")
 
     table = Table(title="Decoding steps: the state each token was predicted under and what its forward read")
-    table.add_column("steps")
-    table.add_column("mode")
-    table.add_column("visible chunks")
-    table.add_column("text")
-    table.add_column("KV read (DA / vanilla)", justify="right")
+    table.add_column("steps", no_wrap=True)
+    table.add_column("mode", no_wrap=True)
+    table.add_column("visible chunks", no_wrap=True)
+    table.add_column("text")  # the one column that wraps when the console is narrow: numbers stay whole
+    table.add_column("KV read (DA / vanilla)", justify="right", no_wrap=True)
     pred = trace.predicted_state
     pieces = [tokenizer.decode([t]) for t in completion_ids]
     start = 0

@@ -158,11 +158,20 @@ def test_weight_sync_choices_are_the_pools():
 
 
 def test_rollout_placement_choices_are_the_pools():
-    from rl.config.cluster import PLACEMENTS as ROLLOUT_PLACEMENTS
+    from ray.util.placement_group import VALID_PLACEMENT_GROUP_STRATEGIES
+
     from rollouts.placement import PLACEMENTS
     from rollouts.pool import PoolConfig
 
-    assert ROLLOUT_PLACEMENTS == PLACEMENTS
+    assert set(PLACEMENTS) == VALID_PLACEMENT_GROUP_STRATEGIES  # what Ray itself accepts
+    for strategy in PLACEMENTS:  # the run config and the pool take every one of them, by the same name
+        assert load_run_config(None, [f"rollout.placement={strategy}"]).rollout.placement == strategy
+        assert (
+            load_run_config(None, [f"cluster.trainer_placement={strategy}"]).cluster.trainer_placement
+            == strategy
+        )
+    with pytest.raises(ConfigError, match="placement"):
+        load_run_config(None, ["rollout.placement=SCATTER"])
     rollout = load_run_config(None, ["rollout.resources_per_actor={heed_rollout: 1}"]).rollout
     assert rollout.placement == "PACK" and rollout.resources_per_actor == {"heed_rollout": 1.0}
     # a CPU-less bundle is fine when a custom resource fills it; the pool takes the same shape
