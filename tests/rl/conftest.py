@@ -21,7 +21,7 @@ def cluster():
 def launched(cluster, tmp_path_factory):
     """``TWO_RANK_JOB`` launched to its end, with a secret on the command line; run dir, output, job id."""
     run_dir = tmp_path_factory.mktemp("launch") / "two-nodes"
-    return launch_two_ranks(cluster, run_dir, f"logging.wandb_api_key={SECRET}")()
+    return launch_two_ranks(cluster, run_dir, f"logging.wandb_api_key={SECRET}").finished()
 
 
 def pytest_runtest_teardown(item, nextitem):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -25,7 +26,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,29 +222,49 @@ def launch(cluster: LocalCluster, log: Path, *args: str, gold_forced: bool = Fal
         )  # fmt: skip
 
 
-def launch_two_ranks(
-    cluster: LocalCluster, run_dir: Path, *extra: str
-) -> Callable[[], tuple[Path, str, str]]:
-    """Start `heed launch` of ``TWO_RANK_JOB`` (gold-forced); returns ``finished()``, which waits for the
-    job's end and gives its run dir, output and job id. Started first and waited for later, two launches
-    run side by side (the cluster holds two such jobs)."""
-    log = run_dir.parent / f"{run_dir.name}.log"
-    job = launch(cluster, log, f"run.output_dir={run_dir}", *TWO_RANK_JOB, *extra, gold_forced=True)
+SUBMITTED = re.compile(r"^heed: submitted job (\S+)", re.M)  # what `heed launch` prints once it submitted
 
-    def finished() -> tuple[Path, str, str]:
+
+def submitted_job_id(output: str) -> str | None:
+    """The id of the job `heed launch` submitted, from its output; None before it printed one."""
+    ids = set(SUBMITTED.findall(output))
+    assert len(ids) <= 1, f"one launch, several job ids: {sorted(ids)}"
+    return next(iter(ids), None)
+
+
+@dataclass
+class TwoRankLaunch:
+    """A `heed launch` of ``TWO_RANK_JOB`` (gold-forced), started by :func:`launch_two_ranks`."""
+
+    run_dir: Path
+    log: Path
+    client: subprocess.Popen  # the `heed launch` process, which follows the job to its end
+
+    def finished(self) -> tuple[Path, str, str]:
+        """Wait for the job's end; its run dir, output and job id."""
         try:
-            returncode = job.wait(timeout=900)
+            returncode = self.client.wait(timeout=900)
         finally:
-            if job.poll() is None:
-                job.kill()
-        output = log.read_text()
+            self.stop()
+        output = self.log.read_text()
         assert returncode == 0, output[-6000:]
-        (job_id,) = {
-            line.split()[3] for line in output.splitlines() if line.startswith("heed: submitted job")
-        }
-        return run_dir, output, job_id
+        job_id = submitted_job_id(output)
+        assert job_id, output[-6000:]
+        return self.run_dir, output, job_id
 
-    return finished
+    def stop(self) -> None:
+        """Kill the client if it still runs (the job itself ends with the cluster)."""
+        if self.client.poll() is None:
+            self.client.kill()
+            self.client.wait()
+
+
+def launch_two_ranks(cluster: LocalCluster, run_dir: Path, *extra: str) -> TwoRankLaunch:
+    """Start `heed launch` of ``TWO_RANK_JOB`` (gold-forced). Started first and waited for later
+    (:meth:`TwoRankLaunch.finished`), two launches run side by side (the cluster holds two such jobs)."""
+    log = run_dir.parent / f"{run_dir.name}.log"
+    client = launch(cluster, log, f"run.output_dir={run_dir}", *TWO_RANK_JOB, *extra, gold_forced=True)
+    return TwoRankLaunch(run_dir, log, client)
 
 
 def grpo_steps_moved(run_dir: Path, steps) -> None:

@@ -81,7 +81,9 @@ def zero2_launch(cluster, tmp_path_factory):
     """The two-rank job under DeepSpeed ZeRO-2, started with the module: beside the session's run of the
     plain job, which the first test starts."""
     run_dir = tmp_path_factory.mktemp("launch") / "zero2"
-    return launch_two_ranks(cluster, run_dir, "grpo.deepspeed=configs/deepspeed/zero2.json")
+    job = launch_two_ranks(cluster, run_dir, "grpo.deepspeed=configs/deepspeed/zero2.json")
+    yield job
+    job.stop()  # its client, when -k left out the test that waits for it
 
 
 def assert_same_weights(run_dir: Path, reference: Path, atol: float) -> None:
@@ -174,7 +176,7 @@ def test_deepspeed_zero2_ranks_under_ray_train_train_like_one_process(zero2_laun
     ranks, and the run ends like the plain one-process run to DeepSpeed's tolerance (its AdamW is not
     torch's; tests/rl/test_multiprocess.py). Measured: SFT losses to 5e-7, gradient norms to 5e-5 relative
     (GRPO's too), the same GRPO completions, and final weights to 6e-6."""
-    run_dir, output, _ = zero2_launch()
+    run_dir, output, _ = zero2_launch.finished()
     assert "heed: DeepSpeed config configs/deepspeed/zero2.json" in output  # the driver says what runs
     state = json.loads((run_dir / "state.json").read_text())
     assert state["completed"] == ["sft", "grpo", "eval_grpo", "export", "report"]

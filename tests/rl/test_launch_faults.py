@@ -35,6 +35,7 @@ from tests.rl.ray_cluster import (
     heed,
     launch,
     phase_metrics,
+    submitted_job_id,
 )
 
 pytestmark = pytest.mark.slow
@@ -59,10 +60,10 @@ BASE = [
 
 
 def job_actors(cluster, log: Path, class_name: str) -> list[dict]:
-    match = re.search(r"heed: submitted job (\S+)", log.read_text())
-    if match is None:
+    job_id = submitted_job_id(log.read_text())
+    if job_id is None:
         return []
-    jobs = [j for j in cluster.api("/api/jobs/") if j["submission_id"] == match[1]]
+    jobs = [j for j in cluster.api("/api/jobs/") if j["submission_id"] == job_id]
     if not jobs or not jobs[0].get("job_id"):
         return []
     return [a for a in cluster.actors() if a["job_id"] == jobs[0]["job_id"] and a["class_name"] == class_name]
@@ -229,7 +230,8 @@ def test_heed_stop_ends_a_running_job_and_everything_it_started(cluster, tmp_pat
     run_dir, log = tmp_path / "run", tmp_path / "launch.log"
     job = launch(cluster, log, "--no-wait", f"run.output_dir={run_dir}", *BASE, "grpo.max_steps=50")
     assert job.wait(timeout=120) == 0, log.read_text()  # --no-wait: submitted, not followed
-    (job_id,) = re.findall(r"heed: submitted job (\S+)", log.read_text())
+    job_id = submitted_job_id(log.read_text())
+    assert job_id, log.read_text()
     wait_for(lambda: job_actors(cluster, log, "RolloutActor"), 600, "rollout actors", None, log)
     stopped = subprocess.run(
         heed("stop", job_id, "--address", cluster.address),
