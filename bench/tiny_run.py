@@ -13,9 +13,11 @@ KV reads were kept have no paired KV line, only the table's per-example means), 
 run trained on, with its package versions, when the run recorded them (``environment.json``).
 
 Beside the policies' reads it prints the floor RL is heading for: the KV tokens the cheapest correct
-gold trace of each test example reads (its ``direct`` form, data/traces.py: the gold's focus reads and
-its answer, no plan), next to the gold traces as the data wrote them, counted by the same accounting
-(``trace_completion``) under the run's layout and protocol version, the end-of-sequence step included.
+gold trace of each test example reads, next to the gold traces as the data wrote them, counted by the same
+accounting (``trace_completion``) under the run's layout and protocol version, the end-of-sequence step
+included. The cheapest form (data/traces.py strategies) is the gold's focus reads and its answer behind
+the shortest plan naming the focused chunks (``plan``, inside ``<think>`` in thinking mode) or, before
+protocol v5 and outside thinking mode, behind no plan at all (``direct``: v5 would choose that focus blind).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from rl.environment import this_cpu
 from rl.summary import STAGES, before_after_table, difference_line
 
 _FOCUS_READ = re.compile(r"<focus\b[^>]*>.*?</focus>", re.S)
+_FOCUS_IDS = re.compile(r"""<focus\b[^>]*magic_chunks=["']([^"']*)["']""")
 _ANSWER = re.compile(r"<answer>.*?</answer>", re.S)
 
 
@@ -45,6 +48,27 @@ def direct_form(gold: str) -> str | None:
     """
     reads, answer = _FOCUS_READ.findall(gold), _ANSWER.search(gold)
     return "\n".join([*reads, answer.group(0)]) if reads and answer else None
+
+
+def plan_form(gold: str) -> str | None:
+    """The gold trace read as ``plan`` does: the shortest plan naming its focused chunks, its focus reads,
+    its answer, inside the gold's ``<think>`` block if it has one (``None`` where ``direct_form`` is).
+
+    >>> plan_form('<global>The answer is in Chunk 5.</global>\\n<focus magic_chunks=" 5"> 63</focus>\\n<answer> 63</answer>')
+    '<global>Chunk 5.</global>\\n<focus magic_chunks=" 5"> 63</focus>\\n<answer> 63</answer>'
+    """
+    from data.traces import terse_where
+
+    reads, answer = _FOCUS_READ.findall(gold), _ANSWER.search(gold)
+    if not reads or not answer:
+        return None
+    chunks = sorted({int(c) for ids in _FOCUS_IDS.findall(gold) for c in re.split(r"[,\s]+", ids) if c})
+    body = "\n".join([f"<global>{terse_where(chunks)}</global>", *reads])
+    return (
+        f"<think>\n{body}\n</think>\n{answer.group(0)}"
+        if gold.startswith("<think>")
+        else f"{body}\n{answer.group(0)}"
+    )
 
 
 def by_length(state: dict, suffix: str = "") -> list[str]:
@@ -85,7 +109,10 @@ def gold_reads(run_dir: Path) -> tuple[float, float, int]:
     for row in rows:
         layout = layout_example(row, tokenizer, settings)
         gold = row["gold_completion_thinking" if settings.thinking else "gold_completion"]
-        forms = [gold] + ([direct_form(gold)] if direct_form(gold) and not settings.thinking else [])
+        cheaper = [plan_form(gold)]
+        if settings.protocol_version < 5 and not settings.thinking:
+            cheaper.append(direct_form(gold))
+        forms = [gold] + [form for form in cheaper if form]
         reads = []
         for text in forms:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

@@ -33,7 +33,7 @@ counting needs every chunk, which no index summarizes::
     <focus magic_chunks="5"> 63</focus>
     <answer> 63</answer>
 
-Four strategies (``STRATEGIES``, the data config's ``trace_strategies``: a weight each, one drawn per
+Five strategies (``STRATEGIES``, the data config's ``trace_strategies``: a weight each, one drawn per
 example) for one-hop reads, each what a real reader does, and each reading a different amount of the
 context (under protocol v4, where closing tags rest in ``local``, the answer reads no chunk)::
 
@@ -41,13 +41,17 @@ context (under protocol v4, where closing tags rest in ``local``, the answer rea
                 <focus magic_chunks="5"> 63</focus>       where, then read (the form above)
     direct      <focus magic_chunks="5"> 63</focus>       the focus tag itself, written while decoding
                                                           still sees every chunk, names the chunk
+    sentence    <global>The answer is in Chunk 5.</global> the plan as a chat model words it: what it
+                <focus magic_chunks="5"> 63</focus>       looks for, then where
     candidates  <global>Chunks 2, 5 and 6.</global>       keys look alike (near-miss distractors): list
                 <focus magic_chunks="5"> 63</focus>       every chunk holding a candidate needle first
     global      <global>Chunk 5: 63.</global>             reads the value in global, declaring no focus:
                                                           how a model reads before it learns to focus
 
-Only the terse style draws strategies; chained reads, surveys and minimal traces keep their one form,
-and a plan without look-alike needles writes ``candidates`` as ``plan``.
+Under protocol v5, where decoding starts with no chunk in view, ``direct`` would choose its chunk
+blind: a run on v5 refuses it (``RunConfig.validate``). Only the terse style draws strategies; chained
+reads, surveys and minimal traces keep their one form, and a plan without look-alike needles writes
+``candidates`` as ``plan``.
 
 Plans never copy the question's key (the tiny model could not learn to copy a rare key into
 ``<global>``); they name the chunks. Reads that depend on each other (a variable chain) are
@@ -103,7 +107,7 @@ _THINK_CHECK = ("Let me check: ", "Working it out: ", "", "Now I combine what I 
 
 
 TRACE_STYLES = ("verbose", "terse")
-STRATEGIES = ("plan", "direct", "candidates", "global")  # terse one-hop reads (above)
+STRATEGIES = ("plan", "direct", "sentence", "candidates", "global")  # terse one-hop reads (above)
 # How a terse focus tag writes its chunk ids: "digits" (magic_chunks="5") or "header" (magic_chunks=" 5",
 # each id after a space, as it stands in the chunk's "Magic Chunk 5:" header and in the plan's "Chunk 5.",
 # so it is the same token there, the rule the values follow). The parser reads both alike.
@@ -216,17 +220,19 @@ def _render_terse(
         segments.append(f"<global>{plan.survey}</global>")
     elif plan.chained:
         for read in plan.reads:
-            segments.append(f"<{nav}>{_terse_where(read.chunks)}</{nav}>")
+            segments.append(f"<{nav}>{terse_where(read.chunks)}</{nav}>")
             segments.append(_terse_focus(read, ids))
     elif strategy == "global":
-        found = "; ".join(f"{_terse_where(r.chunks)[:-1]}: {r.span}" for r in plan.reads)
+        found = "; ".join(f"{terse_where(r.chunks)[:-1]}: {r.span}" for r in plan.reads)
         segments.append(f"<global>{found}.</global>")
     else:
         chunks = sorted({c for r in plan.reads for c in r.chunks})
         if strategy == "candidates" and len(plan.candidates) > len(chunks):
-            segments.append(f"<{nav}>{_terse_where(plan.candidates)}</{nav}>")
+            segments.append(f"<{nav}>{terse_where(plan.candidates)}</{nav}>")
+        elif strategy == "sentence":
+            segments.append(f"<{nav}>The answer is in {terse_where(chunks)}</{nav}>")
         elif strategy != "direct":
-            segments.append(f"<{nav}>{_terse_where(chunks)}</{nav}>")
+            segments.append(f"<{nav}>{terse_where(chunks)}</{nav}>")
         segments.extend(_terse_focus(r, ids) for r in plan.reads)
     if plan.combine:
         segments.append(f"<local>{plan.combine}</local>")
@@ -234,7 +240,12 @@ def _render_terse(
     return f"<think>\n{body}\n</think>\n{answer}" if thinking else f"{body}\n{answer}"
 
 
-def _terse_where(chunks) -> str:
+def terse_where(chunks) -> str:
+    """The terse plan naming ``chunks``.
+
+    >>> terse_where([5]), terse_where([2, 5, 6])
+    ('Chunk 5.', 'Chunks 2, 5 and 6.')
+    """
     chunks = list(chunks)
     return f"Chunk{'s' if len(chunks) > 1 else ''} {_chunk_list(chunks)}."
 

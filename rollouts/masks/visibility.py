@@ -12,8 +12,9 @@ nothing more, ``index`` the index region only (``PromptLayout.index_region``).
 Timing (docs/ARCHITECTURE.md, contract 3: tag timing): the forward of generated token ``g_j`` (at position
 ``prompt_len + j``) reads KV under the state reached after parsing ``g_0..g_j``; it predicts
 ``g_{j+1}``. So ``g_{j+1}`` is *predicted under* the state after ``g_0..g_j``, and ``g_0`` is
-predicted by the prefill's last row under the initial ``global`` state. Prompt rows are never masked
-(prefill runs unmasked).
+predicted by the prefill's last row, which reads the whole prompt: ``global``. Prompt rows are never
+masked (prefill runs unmasked), so this holds in every protocol version, also in version 5, where the
+parse starts in the resting mode: from ``g_0``'s own forward on, the state is the parser's.
 
 Accounting (contract 7: accounting is exact): the forward at position ``P`` with ``k`` visible blocks reads
 ``(k - 1) * block_size + (P % block_size + 1)`` KV tokens: whole blocks for every visible block
@@ -110,7 +111,7 @@ class VisibilityTracker:
         self._num_blocks = layout.num_blocks
         self._prompt_blocks: dict[ModeState, np.ndarray] = {}
         self._buffer = np.empty(layout.num_blocks + 64, dtype=np.int32)
-        self.state = GLOBAL_STATE
+        self.state = GLOBAL_STATE  # the prefill's last row reads the whole prompt, in every version
         self.position = layout.prompt_len - 1  # the last forward so far was the prefill's last row
         self._tail = self.position // self._block_size
         self._n = self._load_prompt_blocks(GLOBAL_STATE)
@@ -127,11 +128,12 @@ class VisibilityTracker:
 
     def advance(self, token_id: int) -> np.ndarray:
         piece = self._text(token_id)
-        if piece:
-            state = self.parser.feed(piece)
-            if state != self.state:
-                self.state = state
-                self._n = self._load_prompt_blocks(state)
+        # The parser's state, also when the token completed no character: in version 5 the state
+        # after g_0 is the resting one even while g_0's bytes are held back
+        state = self.parser.feed(piece) if piece else self.parser.state
+        if state != self.state:
+            self.state = state
+            self._n = self._load_prompt_blocks(state)
         self.position += 1
         tail = self.position // self._block_size
         if tail != self._tail:  # generation entered a new block (always past the prompt's blocks)

@@ -16,6 +16,7 @@ from .parser import (
     Violation,
     parse_completion,
     resting_state,
+    starting_state,
 )
 from .tokens import TokenTextStream, token_bytes_table
 
@@ -41,6 +42,7 @@ __all__ = [
     "neutralize",
     "parse_completion",
     "resting_state",
+    "starting_state",
     "system_instructions",
     "token_bytes_table",
 ]

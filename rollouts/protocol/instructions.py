@@ -4,6 +4,8 @@ from __future__ import annotations
 
 # The protocol version new layouts, exports and trajectories carry, and every version the parser reads
 # (rollouts/protocol/parser.py has the rules):
+# v5: decoding also starts in the resting mode, so no chunk is read before a `<global>` or `<focus>`
+#     and a focus tag written first is chosen blind.
 # v4: in a prompt without an index, closing tags return to `local` (no chunk), so every read of the
 #     context is declared (`<global>` to survey, `<focus>` to extract); decoding still starts in `global`.
 # v3: the `<index>` mode, and prompts with an index region, where closing tags return to `index`.
@@ -11,7 +13,7 @@ from __future__ import annotations
 #     `malformed_tag` violation. v1: it is plain text, nothing else.
 # A prompt without an index reads the same under v2 and v3, except that `<index>` is a tag in v3.
 PROTOCOL_VERSION = 3
-PROTOCOL_VERSIONS = (1, 2, 3, 4)
+PROTOCOL_VERSIONS = (1, 2, 3, 4, 5)
 
 _MODES = """\
 The context is delivered as numbered Magic Chunks, returned by the get_magic_chunk tool. You control \
@@ -48,11 +50,23 @@ After you close any mode no Magic Chunk is visible until you open <global> or <f
 read is one you declared: write your answer after closing the last mode."""
 
 
+_GLOBAL_START = " You start in this mode."
+
+_LOCAL_START = """
+You start in that resting mode too: open <global> to find what to read before you focus on anything."""
+_INDEX_START = """
+You start in the Index mode too."""
+
+
 def system_instructions(thinking: bool = False, index: bool = False, version: int = PROTOCOL_VERSION) -> str:
     """The protocol instructions placed in the system message (always visible scaffold); ``index``:
-    the prompt has an index (protocol v3); ``version``: v4 without an index rests in ``local``."""
+    the prompt has an index (protocol v3); ``version``: v4 without an index rests in ``local``, v5
+    also starts there (or in ``index``)."""
     rest = _INDEX if index else _LOCAL_REST if version >= 4 else ""
-    return (_THINKING if thinking else _NON_THINKING) + rest
+    modes = _THINKING if thinking else _NON_THINKING
+    if version >= 5:
+        modes, rest = modes.replace(_GLOBAL_START, ""), rest + (_INDEX_START if index else _LOCAL_START)
+    return modes + rest
 
 
 def chunk_header(chunk_id: int) -> str:

@@ -11,7 +11,8 @@ Rules (docs/protocol.md repeats them; tests pin each one):
 
 - Modes: ``global`` (every chunk visible, and the index if the prompt has one), ``focus`` (only the
   listed chunks), ``local`` (no chunk), ``index`` (version 3: the prompt's index region, no chunk).
-  Decoding starts in ``global``. Scaffold and generated tokens are visible in every mode.
+  Decoding starts in ``global`` (version 5: in the resting mode). Scaffold and generated tokens are
+  visible in every mode.
 - ``<focus magic_chunks="LIST">``: LIST holds 1-based chunk ids separated by commas and/or spaces, in
   double or single quotes. Ids outside ``1..num_chunks`` (or not integers) are dropped with a violation;
   if none remains, or the attribute is missing or empty, the mode becomes ``local`` with a violation.
@@ -43,6 +44,10 @@ Rules (docs/protocol.md repeats them; tests pin each one):
   ``malformed_tag``); before it they are plain text, and a prompt with an index needs version 3.
 - Version 4 changes only the resting mode of a prompt without an index: ``local`` instead of ``global``
   (decoding still starts in ``global``), so the moves between reads and the answer read no chunk.
+- Version 5 also *starts* decoding in the resting mode (``local``, or ``index`` in a prompt with an
+  index), so a completion reads no chunk before it opens ``<global>`` or ``<focus>``: a focus tag
+  written first chooses its chunk without having seen any. The first token is still predicted by the
+  prompt's last row, which like every prompt row sees the whole prompt (masks.visibility).
 - The parser never raises on model output (docs/ARCHITECTURE.md, contract 5).
 
 Because every decision depends only on the characters read so far, the mode after any prefix does
@@ -86,6 +91,15 @@ def resting_state(has_index: bool, version: int = PROTOCOL_VERSION) -> ModeState
     if has_index:
         return INDEX_STATE
     return LOCAL_STATE if version >= 4 else GLOBAL_STATE
+
+
+def starting_state(has_index: bool, version: int = PROTOCOL_VERSION) -> ModeState:
+    """The state decoding starts in: the resting state from version 5 on, ``global`` before.
+
+    >>> [starting_state(False, v).mode for v in (4, 5)], starting_state(True, 5).mode
+    (['global', 'local'], 'index')
+    """
+    return resting_state(has_index, version) if version >= 5 else GLOBAL_STATE
 
 
 class Violation(NamedTuple):
@@ -235,6 +249,8 @@ class ProtocolParser:
             raise ValueError(f"an index needs protocol version 3 or later, got version {self.version}")
         self._exact, self._tag_prefixes = _TAGS[bool(self.thinking), self.version]
         self._rest = resting_state(self.has_index, self.version)
+        self.state = starting_state(self.has_index, self.version)
+        self.transitions = [(0, self.state)]
         self._consumed = 0  # characters fully read (as text or as a completed tag)
         self._pending = ""  # a candidate tag that is not complete yet, starting with "<"
         self._open_mode: str | None = None
@@ -454,7 +470,10 @@ def parse_completion(
     (['global', 'index', 'focus', 'index'], [])
     >>> p = parse_completion('<global>3</global><focus magic_chunks="3">x</focus><answer>8</answer>', 7, version=4)
     >>> [s.mode for s in p.segments], p.violations
-    (['global', 'global', 'local', 'focus', 'local'], [])
+    (['global', 'local', 'focus', 'local'], [])
+    >>> p = parse_completion('<global>3</global><focus magic_chunks="3">x</focus><answer>8</answer>', 7, version=5)
+    >>> [s.mode for s in p.segments], p.violations
+    (['local', 'global', 'local', 'focus', 'local'], [])
     """
     parser = ProtocolParser(num_chunks, thinking=thinking, version=version, has_index=has_index)
     parser.feed(text)

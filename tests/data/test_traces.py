@@ -180,7 +180,7 @@ NEEDLE = TracePlan(answer="63", reads=(Read((5,), "It is: 63.", "63"),), candida
 
 
 def test_each_strategy_reads_one_needle_its_own_way():
-    """By hand: the four terse strategies for one needle among look-alikes in chunks 2, 5 and 6."""
+    """By hand: the five terse strategies for one needle among look-alikes in chunks 2, 5 and 6."""
     rendered = {
         s: render_trace(NEEDLE, random.Random(0), thinking=False, style="terse", strategy=s)
         for s in STRATEGIES
@@ -188,6 +188,9 @@ def test_each_strategy_reads_one_needle_its_own_way():
     assert rendered == {
         "plan": '<global>Chunk 5.</global>\n<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>',
         "direct": '<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>',
+        "sentence": (
+            '<global>The answer is in Chunk 5.</global>\n<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>'
+        ),
         "candidates": (
             '<global>Chunks 2, 5 and 6.</global>\n<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>'
         ),

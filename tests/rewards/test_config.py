@@ -92,7 +92,7 @@ def test_roofline_and_grader_keys_are_their_owners_settings():
         ),
         ("efficiency_reference_tokens", 0, "RewardConfig.efficiency_reference_tokens must be >= 1, got 0"),
         ("efficiency_reference_tokens", 64.5, "RewardConfig.efficiency_reference_tokens must be an integer"),
-        ("protocol_version", 5, "RewardConfig.protocol_version must be one of (1, 2, 3, 4), got 5"),
+        ("protocol_version", 6, "RewardConfig.protocol_version must be one of (1, 2, 3, 4, 5), got 6"),
     ],
 )
 def test_bad_values_name_the_field(field, value, message):

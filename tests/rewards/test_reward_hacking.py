@@ -180,10 +180,11 @@ WASTEFUL = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=[3, 4], ids=["v3", "v4"])
+@pytest.fixture(scope="module", params=[3, 4, 5], ids=["v3", "v4", "v5"])
 def layouts(tokenizer, request):
-    """Every example laid out under protocol v3 (closing tags rest in global) and v4 (they rest in
-    local, so the moves between reads and the answer read no chunk): the tricks must lose under both."""
+    """Every example laid out under protocol v3 (closing tags rest in global), v4 (they rest in local,
+    so the moves between reads and the answer read no chunk) and v5 (decoding starts there too): the
+    tricks must lose under each."""
 
     def lay(question, documents):
         return build_prompt(question, documents, tokenizer, block_size=32, protocol_version=request.param)
@@ -288,9 +289,11 @@ def test_candidate_lists_score_zero_though_ruler_would_pay_them(build, name):
     assert "accuracy/extra_candidates" in r.reasons
 
 
-def test_the_doors_the_old_defaults_left_open(build):
+def test_the_doors_the_old_defaults_left_open(build, layouts):
     """Under protocol v1 with the relative saving, padding and a fake close outscore the honest trace;
-    RULER's recall-only match pays a candidate list in full. The defaults close exactly these."""
+    RULER's recall-only match pays a candidate list in full. The defaults close exactly these. On a v5
+    layout the honest trace's focus tag is written in local, which makes it cheap enough that padding the
+    focus or re-reading behind a fake close no longer pays even there."""
     old = RewardConfig(
         efficiency_reference="completion",
         strict_string_match=False,
@@ -301,7 +304,8 @@ def test_the_doors_the_old_defaults_left_open(build):
     def score(key, text):
         return DAReward(old).score([""], [text], **_columns(build(key, text))).items[0]
 
-    for name in ("padded_local", "padded_focus", "needle_twice_behind_a_fake_close"):
+    in_focus = ("padded_focus", "needle_twice_behind_a_fake_close")
+    for name in ("padded_local", *(in_focus if layouts["year"].protocol_version < 5 else ())):
         key, text = ADVERSARIAL[name]
         assert score(key, text).total > score(key, HONEST[key][1]).total, name
     key, text = ADVERSARIAL["candidate_list_part"]

@@ -456,8 +456,13 @@ def test_the_protocol_version_travels_from_the_run_section_into_every_layout_and
         == 3
     )
     with pytest.raises(ConfigError, match=r"run\.protocol_version"):
-        load_run_config("configs/tiny.yaml", ["run.protocol_version=5"])
+        load_run_config("configs/tiny.yaml", ["run.protocol_version=6"])
     with pytest.raises(ConfigError, match=r"trace_strategies"):
         load_run_config("configs/tiny.yaml", ["data.build.trace_strategies={skim: 1.0}"])
+    # under v5 a focus written first chooses blind: refused there, taken under v4
+    direct = "data.build.trace_strategies={plan: 0.5, direct: 0.5}"
+    with pytest.raises(ConfigError, match=r"trace_strategies\.direct.*blind"):
+        load_run_config("configs/tiny.yaml", [direct, "run.protocol_version=5"])
+    assert load_run_config("configs/tiny.yaml", [direct, "run.protocol_version=4"]).run.protocol_version == 4
     with pytest.raises(ConfigError, match=r"trace_chunk_ids.*one of \('digits', 'header'\)"):
         load_run_config("configs/tiny.yaml", ["data.build.trace_chunk_ids=words"])

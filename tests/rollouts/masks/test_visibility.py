@@ -156,6 +156,27 @@ def test_the_tracker_parses_with_the_layouts_protocol_version(layout, tokenizer,
     assert v1.states == v2.states and (v1.kv_tokens == v2.kv_tokens).all()  # the same masks either way
 
 
+def test_version_5_reads_no_chunk_before_its_first_tag(layout, tokenizer, token_table):
+    """Hand-worked against the dense reference: under v5 the first token is still predicted by the
+    prompt's last row (the whole prompt, ``prompt_len`` keys), and every forward after it reads the
+    scaffold and the generated tokens only, until ``<global>`` completes."""
+    from dataclasses import replace
+
+    v5 = replace(layout, protocol_version=5)
+    text = "Let me see.<global>Two.</global><answer>2</answer>"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    trace = trace_completion(v5, ids, token_table)
+    opened = len(tokenizer("Let me see.<global>", add_special_tokens=False)["input_ids"])  # "<global>"'s ">"
+    p = v5.prompt_len
+    assert trace.kv_tokens[0] == p  # g_0: the prefill's last row
+    for j in range(1, opened):  # predicted by the forwards of g_0 .. "<global>" before its ">"
+        assert trace.kv_tokens[j] == reference_row(v5, LOCAL_STATE, p + j - 1).sum(), j
+    assert trace.kv_tokens[opened] == p + opened  # the forward of ">" reads everything
+    assert [trace.states[s].mode for s in trace.predicted_state[:2]] == ["global", "local"]
+    v4 = trace_completion(layout, ids, token_table)
+    assert (v4.kv_tokens[: opened + 1] == np.arange(p, p + opened + 1)).all()  # v4 starts in global
+
+
 def test_causal_kv_tokens_is_what_the_trace_counts_as_vanilla(layout, tokenizer, token_table):
     from rollouts.masks import causal_kv_tokens, kv_tokens_read
 

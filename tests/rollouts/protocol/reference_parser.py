@@ -32,11 +32,12 @@ def _tag_regex(thinking: bool, version: int) -> re.Pattern:
 def reference_parse(text: str, num_chunks: int, thinking: bool = False, version: int = 3, has_index=False):
     """Return (segments as (mode, chunks, start, end), answer, violations as (kind, position)).
 
-    ``has_index``: the prompt has an index, so closing tags return to ``index`` instead of ``global``.
+    ``has_index``: the prompt has an index, so closing tags return to ``index``; without one they return
+    to ``local`` from version 4 on and to ``global`` before. Version 5 starts in that resting mode too.
     """
-    rest = ("index", ()) if has_index else ("global", ())
+    rest = ("index", ()) if has_index else ("local", ()) if version >= 4 else ("global", ())
     violations = []
-    state = ("global", ())
+    state = rest if version >= 5 else ("global", ())
     changes = [(0, state)]
     open_mode = None
     in_answer = False

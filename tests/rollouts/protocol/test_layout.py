@@ -169,7 +169,7 @@ def test_the_wire_carries_the_protocol_version(tokenizer):
     from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS
 
     layout = build_prompt(QUESTION, DOCS, tokenizer)
-    assert layout.protocol_version == PROTOCOL_VERSION == 3 and PROTOCOL_VERSIONS == (1, 2, 3, 4)
+    assert layout.protocol_version == PROTOCOL_VERSION == 3 and PROTOCOL_VERSIONS == (1, 2, 3, 4, 5)
     v1 = build_prompt(QUESTION, DOCS, tokenizer, protocol_version=1)
     assert v1.input_ids == layout.input_ids and v1 != layout  # the same prompt, parsed by other rules
     for version, built in ((1, v1), (3, layout)):
@@ -181,8 +181,11 @@ def test_the_wire_carries_the_protocol_version(tokenizer):
     rule = "After you close any mode no Magic Chunk is visible"
     assert rule in tokenizer.decode(v4.input_ids) and rule not in tokenizer.decode(layout.input_ids)
     assert v4.num_chunks == layout.num_chunks and v4.to_wire()["version"] == 4
-    with pytest.raises(LayoutError, match="protocol version 5"):
-        build_prompt(QUESTION, DOCS, tokenizer, protocol_version=5)
+    # v5 tells it that it starts there too, and no longer that it starts in global
+    v5 = tokenizer.decode(build_prompt(QUESTION, DOCS, tokenizer, protocol_version=5).input_ids)
+    assert rule in v5 and "You start in that resting mode too" in v5 and "You start in this mode" not in v5
+    with pytest.raises(LayoutError, match="protocol version 6"):
+        build_prompt(QUESTION, DOCS, tokenizer, protocol_version=6)
 
 
 def test_bad_inputs(tokenizer):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollouts.protocol import ProtocolParser, parse_completion
+from rollouts.protocol import PROTOCOL_VERSIONS, ProtocolParser, parse_completion, starting_state
 from rollouts.protocol.parser import MAX_TAG_CHARS
 
 from .reference_parser import MAX_TAG, reference_parse
@@ -184,7 +184,7 @@ def test_other_names_and_plain_angle_brackets_stay_text(text):
 
 
 def test_version_is_checked():
-    for bad in (0, 5, "2", True, 2.0):
+    for bad in (0, 6, "2", True, 2.0):
         with pytest.raises(ValueError, match="protocol version"):
             ProtocolParser(3, version=bad)
 
@@ -293,7 +293,9 @@ tag_soup = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=4), max_size=4
     text=tag_soup,
     num_chunks=st.integers(0, 4),
     thinking=st.booleans(),
-    version_index=st.sampled_from([(1, False), (2, False), (3, False), (3, True)]),
+    version_index=st.sampled_from(
+        [(1, False), (2, False), (3, False), (3, True), (4, False), (5, False), (5, True)]
+    ),
 )
 def test_fuzz_matches_reference(text, num_chunks, thinking, version_index):
     version, has_index = version_index
@@ -309,7 +311,9 @@ def test_fuzz_matches_reference(text, num_chunks, thinking, version_index):
     text=tag_soup,
     cuts=st.lists(st.integers(0, 200), max_size=12),
     thinking=st.booleans(),
-    version_index=st.sampled_from([(1, False), (2, False), (3, False), (3, True)]),
+    version_index=st.sampled_from(
+        [(1, False), (2, False), (3, False), (3, True), (4, False), (5, False), (5, True)]
+    ),
 )
 def test_fuzz_split_invariance(text, cuts, thinking, version_index):
     """Where the text is split into pieces never changes the result, nor the state at any cut."""
@@ -386,3 +390,25 @@ def test_version_4_rests_in_local_where_version_3_rests_in_global():
     # a close with nothing open still returns to the resting mode (and is a violation)
     stray = parse_completion("</focus>y<answer>1</answer>", 2, version=4)
     assert [s.mode for s in stray.segments] == ["global", "local"] and kinds(stray) == ["unmatched_close"]
+
+
+# -- version 5: decoding starts in the resting mode ------------------------------------------------
+
+
+def test_version_5_starts_where_closing_tags_lead():
+    """Hand-worked: v5 differs from v4 only before the first tag completes."""
+    text = '<global>Chunk 5.</global>\n<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>'
+    parsed = parse_completion(text, 7, version=5)
+    assert [(s.mode, s.chunks, s.start, s.end) for s in parsed.segments] == [
+        ("local", (), 0, 8),  # "<global>": written before any chunk is visible
+        ("global", (), 8, 25),  # "Chunk 5.</global>": the plan reads every chunk
+        ("local", (), 25, 50),
+        ("focus", (5,), 50, 61),
+        ("local", (), 61, len(text)),
+    ]
+    assert (parsed.answer, parsed.violations) == ("63", [])
+    # a focus written first is chosen without any chunk in view; an index prompt starts in the index
+    blind = parse_completion('<focus magic_chunks="5"> 63</focus><answer> 63</answer>', 7, version=5)
+    assert [s.mode for s in blind.segments] == ["local", "focus", "local"] and blind.violations == []
+    assert parse_completion("x<answer>1</answer>", 2, version=5, has_index=True).segments[0].mode == "index"
+    assert [starting_state(False, v).mode for v in PROTOCOL_VERSIONS] == ["global"] * 4 + ["local"]
