@@ -165,7 +165,7 @@ def test_an_export_carries_the_protocol_version_its_run_trained_on(tmp_path, pol
     rendered = AutoTokenizer.from_pretrained(out).apply_chat_template(user, tokenize=False)
     assert "After you close any mode no Magic Chunk is visible" in rendered
     assert "After you close any mode" not in system_instructions(False)  # v3's instructions lack it
-    with pytest.raises(ExportError, match=r"run.protocol_version must be one of \(1, 2, 3, 4\), got 7"):
+    with pytest.raises(ExportError, match=r"run.protocol_version must be one of \(1, 2, 3, 4, 5\), got 7"):
         export_checkpoint(make_run(tmp_path / "bad", policies, version=7), tmp_path / "out7")
 
 
