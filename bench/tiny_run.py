@@ -35,7 +35,6 @@ from rl.environment import this_cpu
 from rl.summary import STAGES, before_after_table, difference_line
 
 _FOCUS_READ = re.compile(r"<focus\b[^>]*>.*?</focus>", re.S)
-_FOCUS_IDS = re.compile(r"""<focus\b[^>]*magic_chunks=["']([^"']*)["']""")
 _ANSWER = re.compile(r"<answer>.*?</answer>", re.S)
 
 
@@ -50,11 +49,12 @@ def direct_form(gold: str) -> str | None:
     return "\n".join([*reads, answer.group(0)]) if reads and answer else None
 
 
-def plan_form(gold: str) -> str | None:
-    """The gold trace read as ``plan`` does: the shortest plan naming its focused chunks, its focus reads,
-    its answer, inside the gold's ``<think>`` block if it has one (``None`` where ``direct_form`` is).
+def plan_form(gold: str, chunks) -> str | None:
+    """The gold trace read as ``plan`` does: the shortest plan naming ``chunks`` (the chunks its focus
+    reads, from its parse), its focus reads, its answer, inside the gold's ``<think>`` block if it has
+    one (``None`` where ``direct_form`` is).
 
-    >>> plan_form('<global>The answer is in Chunk 5.</global>\\n<focus magic_chunks=" 5"> 63</focus>\\n<answer> 63</answer>')
+    >>> plan_form('<global>The answer is in Chunk 5.</global>\\n<focus magic_chunks=" 5"> 63</focus>\\n<answer> 63</answer>', [5])
     '<global>Chunk 5.</global>\\n<focus magic_chunks=" 5"> 63</focus>\\n<answer> 63</answer>'
     """
     from data.traces import terse_where
@@ -62,7 +62,6 @@ def plan_form(gold: str) -> str | None:
     reads, answer = _FOCUS_READ.findall(gold), _ANSWER.search(gold)
     if not reads or not answer:
         return None
-    chunks = sorted({int(c) for ids in _FOCUS_IDS.findall(gold) for c in re.split(r"[,\s]+", ids) if c})
     body = "\n".join([f"<global>{terse_where(chunks)}</global>", *reads])
     return (
         f"<think>\n{body}\n</think>\n{answer.group(0)}"
@@ -109,19 +108,21 @@ def gold_reads(run_dir: Path) -> tuple[float, float, int]:
     for row in rows:
         layout = layout_example(row, tokenizer, settings)
         gold = row["gold_completion_thinking" if settings.thinking else "gold_completion"]
-        cheaper = [plan_form(gold)]
-        if settings.protocol_version < 5 and not settings.thinking:
-            cheaper.append(direct_form(gold))
-        forms = [gold] + [form for form in cheaper if form]
-        reads = []
-        for text in forms:
+
+        def read(text: str, layout=layout, name=row["id"]):
             ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
             trace = trace_completion(layout, ids, table)
             if trace.parsed.violations:
                 raise ValueError(
-                    f"{row['id']}: the gold form {text!r} breaks the protocol: {trace.parsed.violations}"
+                    f"{name}: the gold form {text!r} breaks the protocol: {trace.parsed.violations}"
                 )
-            reads.append(int(trace.kv_tokens.sum()))
+            return trace
+
+        as_written = read(gold)  # its parse names the chunks the cheaper forms focus
+        cheaper = [plan_form(gold, as_written.parsed.focused_chunks)]
+        if settings.protocol_version < 5 and not settings.thinking:
+            cheaper.append(direct_form(gold))
+        reads = [int(t.kv_tokens.sum()) for t in [as_written, *(read(f) for f in cheaper if f)]]
         written.append(reads[0])
         cheapest.append(min(reads))
     return sum(written) / len(written), sum(cheapest) / len(cheapest), len(written)

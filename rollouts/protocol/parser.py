@@ -236,9 +236,9 @@ class ProtocolParser:
     thinking: bool = False
     version: int = PROTOCOL_VERSION
     has_index: bool = False  # the prompt has an index region (version 3): closing tags return to index
-    state: ModeState = field(default=GLOBAL_STATE, init=False)
+    state: ModeState = field(init=False)  # starting_state(), set in __post_init__
     violations: list[Violation] = field(default_factory=list, init=False)
-    transitions: list[tuple[int, ModeState]] = field(default_factory=lambda: [(0, GLOBAL_STATE)], init=False)
+    transitions: list[tuple[int, ModeState]] = field(init=False)  # [(0, state)] to begin with
 
     def __post_init__(self):
         if self.num_chunks < 0:
