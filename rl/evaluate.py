@@ -454,11 +454,13 @@ def eval_checkpoint(
     """``heed eval``: a Ray rollout pool on ``checkpoint``, the split's rows, one report. ``log_file``: where
     the rollout actors' own output (vLLM's logs) goes instead of the console.
 
-    Block size, thinking mode and protocol version come from the checkpoint's ``heed.json`` (an export);
-    passing a value that contradicts it is an error. A policy trained on protocol v1 is evaluated under
-    v1 (its completions parsed as v1). Without ``heed.json``: 32, non-thinking, the current protocol.
+    Block size, thinking mode, layout and protocol version come from the checkpoint's ``heed.json`` (an
+    export) or, for a checkpoint inside a run directory, from the run's ``config.yaml``
+    (:func:`rl.export.checkpoint_settings`); passing a value that contradicts them is an error. A policy
+    trained on protocol v1 is evaluated under v1 (its completions parsed as v1). A model folder that is
+    neither (a model from a hub): 32, non-thinking, the instructions and the current protocol.
     """
-    from rl.export import read_heed_json
+    from rl.export import checkpoint_settings
 
     checkpoint = Path(checkpoint)
     if not (checkpoint / "config.json").is_file():
@@ -467,7 +469,7 @@ def eval_checkpoint(
     check_sampling(temperature, samples)
     if num_actors < 1:
         raise EvalError(f"--num-actors must be at least 1, got {num_actors}")
-    info = read_heed_json(checkpoint)
+    info = checkpoint_settings(checkpoint)
     settings = layout_settings(checkpoint, info, block_size=block_size, thinking=thinking)
 
     rows = select_examples(load_split(data_dir, split), limit)
@@ -500,6 +502,7 @@ def eval_checkpoint(
         "samples": samples,
         "seed": seed,
         **settings.to_dict(),
+        "settings_from": (info or {}).get("settings_from", "defaults"),
         "source_step": (info or {}).get("source", {}).get("step"),
     }
     return report
@@ -508,13 +511,15 @@ def eval_checkpoint(
 def layout_settings(
     checkpoint: str | Path, info: dict | None, *, block_size: int | None = None, thinking: bool | None = None
 ) -> LayoutSettings:
-    """How prompts for ``checkpoint`` are laid out, from its ``heed.json`` (``info``, an export: block size,
-    thinking, layout style, instructions, index entry size, protocol version) or, without one, the given
-    values and the defaults. A value that contradicts ``heed.json`` is an error. ``heed eval``, ``heed
+    """How prompts for ``checkpoint`` are laid out, from ``info`` (its ``heed.json`` or its run's settings,
+    :func:`rl.export.checkpoint_settings`: block size, thinking, layout style, instructions, index entry
+    size, protocol version) or, without them, the given values and the defaults. A value that contradicts
+    ``info`` is an error. ``heed eval``, ``heed
     serve`` and ``heed budgets`` all lay prompts out with these, so a served request reads what the eval
     of the same example read."""
     protocol_version = PROTOCOL_VERSION
     if info is not None:
+        source = info.get("settings_from", f"{checkpoint}/heed.json")
         protocol_version = info.get("protocol_version")
         if type(protocol_version) is not int or protocol_version not in PROTOCOL_VERSIONS:
             raise EvalError(
@@ -523,7 +528,7 @@ def layout_settings(
             )
         for name, given in (("block_size", block_size), ("thinking", thinking)):
             if given is not None and given != info.get(name):
-                raise EvalError(f"{checkpoint}/heed.json says {name}={info.get(name)!r}; drop the flag")
+                raise EvalError(f"{source} says {name}={info.get(name)!r}; drop the flag")
         block_size, thinking = int(info["block_size"]), bool(info["thinking"])
     info = info or {}
     try:
@@ -536,7 +541,7 @@ def layout_settings(
             protocol_version=protocol_version,
         )
     except LayoutError as err:
-        raise EvalError(f"{checkpoint}/heed.json: {err}") from None
+        raise EvalError(f"{(info or {}).get('settings_from', checkpoint)}: {err}") from None
 
 
 def write_eval_json(report: EvalReport, path: str | Path, step: int | None = None) -> Path:

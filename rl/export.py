@@ -176,6 +176,21 @@ def read_heed_json(model_dir: str | Path) -> dict | None:
     return info
 
 
+def checkpoint_settings(model_dir: str | Path) -> dict | None:
+    """How prompts for a Heed model folder are laid out: its ``heed.json`` (an export) or, for a checkpoint
+    inside a run directory (``RUN_DIR/sft``, ``RUN_DIR/final``, ``RUN_DIR/checkpoints/checkpoint-N``: the
+    folder next to, or one below, the run's ``config.yaml`` and ``state.json``), the run's settings, which
+    are what its export would write; ``None`` for any other model folder. ``settings_from`` says which."""
+    info = read_heed_json(model_dir)
+    if info is not None:
+        return {**info, "settings_from": str(Path(model_dir) / HEED_JSON)}
+    path = Path(model_dir).resolve()
+    for run_dir in (path.parent, path.parent.parent):
+        if (run_dir / "config.yaml").is_file() and (run_dir / "state.json").is_file():
+            return {**_run_settings(run_dir), "settings_from": str(run_dir / "config.yaml")}
+    return None
+
+
 def da_chat_template(template: str, thinking: bool = False, version: int = PROTOCOL_VERSION) -> str:
     """``template`` behind a prefix that puts the DA instructions first when there is no system message.
 

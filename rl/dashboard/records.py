@@ -48,8 +48,7 @@ def context_tokens(trajectory: Trajectory) -> int:
 
 def predicted_modes(trajectory: Trajectory) -> list[str]:
     """``[n]`` the mode each generated token was predicted under."""
-    states = trajectory.trace.states
-    return [states[i].mode for i in trajectory.trace.predicted_state]
+    return trajectory.trace.predicted_modes
 
 
 def trajectory_record(trajectory: Trajectory, reward: RewardBreakdown, step: int, record_id: str) -> dict:

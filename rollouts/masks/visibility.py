@@ -199,6 +199,11 @@ class CompletionTrace:
         )
 
     @property
+    def predicted_modes(self) -> list[str]:
+        """``[n]``: the mode each generated token was predicted under (what mode mixes count)."""
+        return [self.states[i].mode for i in self.predicted_state]
+
+    @property
     def saving(self) -> float:
         """``1 - DA / vanilla`` KV tokens read over the completion (0 for an empty one)."""
         vanilla = int(self.kv_tokens_vanilla.sum())
