@@ -514,9 +514,8 @@ def layout_settings(
     """How prompts for ``checkpoint`` are laid out, from ``info`` (its ``heed.json`` or its run's settings,
     :func:`rl.export.checkpoint_settings`: block size, thinking, layout style, instructions, index entry
     size, protocol version) or, without them, the given values and the defaults. A value that contradicts
-    ``info`` is an error. ``heed eval``, ``heed
-    serve`` and ``heed budgets`` all lay prompts out with these, so a served request reads what the eval
-    of the same example read."""
+    ``info`` is an error. ``heed eval``, ``heed serve`` and ``heed budgets`` all lay prompts out with
+    these, so a served request reads what the eval of the same example read."""
     protocol_version = PROTOCOL_VERSION
     if info is not None:
         source = info.get("settings_from", f"{checkpoint}/heed.json")
@@ -541,7 +540,7 @@ def layout_settings(
             protocol_version=protocol_version,
         )
     except LayoutError as err:
-        raise EvalError(f"{(info or {}).get('settings_from', checkpoint)}: {err}") from None
+        raise EvalError(f"{info.get('settings_from', checkpoint)}: {err}") from None
 
 
 def write_eval_json(report: EvalReport, path: str | Path, step: int | None = None) -> Path:

@@ -17,13 +17,15 @@ from pathlib import Path
 
 from plotly.offline import get_plotlyjs
 
+from rollouts.trajectory import ROLLOUT_MODES
+
 from . import charts
 from .embed import figure_block
 from .run_dir import Run, RunReader
 from .smoothing import SMOOTHING_WEIGHT
 from .trajectory_views import choose_trajectories, samples_table, trajectory_section
 
-EVAL_MODES = ("da", "da-nm", "vanilla")
+EVAL_MODES = ROLLOUT_MODES  # the eval table's columns: every rollout mode
 _SMOOTHING_NOTE = (
     "Faint points: the values logged at each step. Lines: TensorBoard's smoothing of them (debiased "
     f"exponential moving average, weight {SMOOTHING_WEIGHT}), the trend a single batch's noise hides."

@@ -18,7 +18,7 @@ PROTOCOL_VERSIONS = (1, 2, 3, 4, 5)
 _MODES = """\
 The context is delivered as numbered Magic Chunks, returned by the get_magic_chunk tool. You control \
 which of them you can see while you write, with three modes:
-- <global>...</global>: every Magic Chunk is visible. You start in this mode. Use it to plan which \
+- <global>...</global>: every Magic Chunk is visible.{start} Use it to plan which \
 chunks hold what you need.
 - <focus magic_chunks="K">...</focus>: only the listed chunks are visible (for example \
 magic_chunks="2" or magic_chunks="2,7"). Use it to read and copy the facts you need.
@@ -28,14 +28,9 @@ Chunks outside your current mode are hidden from you, so copy every fact you wil
 focus on it. Close each mode before opening the next. When you are done, give the final answer once, \
 as <answer>...</answer>, and write nothing after it."""
 
-_NON_THINKING = _MODES
-
-_THINKING = (
-    _MODES
-    + """
+_THINKING = """
 Think step by step inside <think>...</think> before answering. The modes work the same inside your \
 thinking: plan in <global>, read in <focus>, reason in <local>; the <answer> comes after </think>."""
-)
 
 
 _INDEX = """
@@ -50,8 +45,8 @@ After you close any mode no Magic Chunk is visible until you open <global> or <f
 read is one you declared: write your answer after closing the last mode."""
 
 
+# where decoding starts: in global before v5 (said in the <global> line), else in the resting mode
 _GLOBAL_START = " You start in this mode."
-
 _LOCAL_START = """
 You start in that resting mode too: open <global> to find what to read before you focus on anything."""
 _INDEX_START = """
@@ -62,11 +57,14 @@ def system_instructions(thinking: bool = False, index: bool = False, version: in
     """The protocol instructions placed in the system message (always visible scaffold); ``index``:
     the prompt has an index (protocol v3); ``version``: v4 without an index rests in ``local``, v5
     also starts there (or in ``index``)."""
-    rest = _INDEX if index else _LOCAL_REST if version >= 4 else ""
-    modes = _THINKING if thinking else _NON_THINKING
+    text = _MODES.format(start="" if version >= 5 else _GLOBAL_START) + (_THINKING if thinking else "")
+    if index:
+        text += _INDEX
+    elif version >= 4:
+        text += _LOCAL_REST
     if version >= 5:
-        modes, rest = modes.replace(_GLOBAL_START, ""), rest + (_INDEX_START if index else _LOCAL_START)
-    return modes + rest
+        text += _INDEX_START if index else _LOCAL_START
+    return text
 
 
 def chunk_header(chunk_id: int) -> str:

@@ -1,9 +1,7 @@
 """The post-SFT copy check: which tokens it scores, and that its loss is the trainer's log-prob of them."""
 
-import doctest
 import math
 
-import rl.copy_check
 from rl.copy_check import check_copying, value_token_mask
 from rl.logprobs import completion_logprobs, pack
 from rl.sft import encode_sft_row
@@ -15,10 +13,6 @@ from tests.rl.test_sft import acme_rows as sft_acme_rows
 def acme_rows(n: int) -> list[dict]:
     """test_sft.py's Acme rows, with the two years every gold trace writes as their answers."""
     return [{**row, "answers": ["2003", "2011"]} for row in sft_acme_rows(n)]
-
-
-def test_doctests():
-    assert doctest.testmod(rl.copy_check).failed == 0
 
 
 def test_value_tokens_spell_every_occurrence_of_the_answers(tokenizer):

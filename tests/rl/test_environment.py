@@ -1,12 +1,10 @@
 """The run's environment record: what changes a run's numbers below the code."""
 
-import doctest
 import importlib.metadata
 import json
 
 import torch
 
-import rl.environment
 from rl.environment import cpu_model, describe, simd_flags
 
 CPUINFO = """processor	: 0
@@ -16,10 +14,6 @@ processor	: 1
 model name	: Another CPU
 flags		: fpu avx512vnni
 """
-
-
-def test_doctests():
-    assert doctest.testmod(rl.environment).failed == 0
 
 
 def test_the_first_cpus_vector_flags_and_model():

@@ -1,13 +1,11 @@
 """`heed serve`'s vLLM arguments: what heed.json implies comes first, the user's options win, contradictions
 are refused before anything loads (no vLLM here; the server itself is tests/rl/test_serve.py)."""
 
-import doctest
 import json
 from types import SimpleNamespace
 
 import pytest
 
-import rl.serving.command
 from rl.serving.command import (
     GIB,
     MIDDLEWARE,
@@ -44,10 +42,6 @@ def _options(argv):
 @pytest.fixture(autouse=True)
 def _no_vllm_cpu_sizing_env(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-
-
-def test_doctests():
-    assert doctest.testmod(rl.serving.command).failed == 0
 
 
 def test_heed_json_settings_loopback_and_the_middleware(export):

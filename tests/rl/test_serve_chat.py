@@ -2,14 +2,12 @@
 and that no conversation, however malformed, breaks the converter (no engine here; the served round trip is
 tests/rl/test_serve.py)."""
 
-import doctest
 import json
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rl.serving.chat
 from rl.serving.chat import chat_chunk, chat_response, conversation_chunks, da_chat_request
 from rl.serving.requests import ServeRequestError, da_request
 from rollouts.protocol.layout import LayoutSettings
@@ -30,10 +28,6 @@ def _tool_dialogue(question=QUESTION, docs=DOCS) -> list[dict]:
         {"role": "assistant", "content": None, "tool_calls": calls},
         *[{"role": "tool", "tool_call_id": f"c{k}", "content": d} for k, d in enumerate(docs)],
     ]
-
-
-def test_doctests():
-    assert doctest.testmod(rl.serving.chat).failed == 0
 
 
 def test_a_tool_dialogue_becomes_the_completions_request_with_the_same_question_and_documents(tokenizer):
