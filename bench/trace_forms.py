@@ -3,7 +3,7 @@ of tokens predicted in ``global``, per task, for a run config's tasks and protoc
 
     .venv/bin/python -m bench.trace_forms [--config configs/tiny.yaml] [--examples 24] [OVERRIDE ...]
 
-For every strategy the run's protocol allows (``data/traces.py``; ``direct`` not under v5), it builds the
+For every strategy the run's config accepts (``data/traces.py``; ``direct`` not under v5), it builds the
 config's test split with that one strategy (``--examples`` per task and length) and replays each gold trace
 through the accounting every eval uses (``trace_completion``, the end-of-sequence step included; the mode
 of each token as the dashboards count it). GRPO moves a policy between these forms, so the table says, for
@@ -30,7 +30,7 @@ def form_costs(
     from data.build import generate
     from data.config import parse_config
     from data.prompts import layout_example
-    from rl.config import load_run_config
+    from rl.config import ConfigError, load_run_config
     from rl.run_inputs import run_tokenizer
     from rollouts.masks import trace_completion
     from rollouts.protocol import token_bytes_table
@@ -39,14 +39,16 @@ def form_costs(
     with tempfile.TemporaryDirectory() as scratch:  # the run's tokenizer, as heed train makes it
         tokenizer = run_tokenizer(base, Path(scratch))
     table = token_bytes_table(tokenizer)
-    allowed = [
-        s for s in STRATEGIES if s != "global" and not (s == "direct" and base.run.protocol_version >= 5)
-    ]
     rows = []
-    for strategy in allowed:
-        config = load_run_config(
-            config_path, [*overrides, f"data.build.trace_strategies={{{strategy}: 1.0}}"]
-        )
+    for strategy in [s for s in STRATEGIES if s != "global"]:  # `global` declares no focus: not compliant
+        try:
+            config = load_run_config(
+                config_path, [*overrides, f"data.build.trace_strategies={{{strategy}: 1.0}}"]
+            )
+        except ConfigError as err:  # a strategy the run's protocol refuses (direct under v5)
+            if f"trace_strategies.{strategy}" not in str(err):
+                raise
+            continue
         build = parse_config({**config.data.build, "splits": {"train": 0, "validation": 0, "test": examples}})
         settings = config.run.prompt_layout()
         by_task: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
