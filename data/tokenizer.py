@@ -10,6 +10,11 @@ Training is deterministic: the same arguments give the same vocabulary.
 digits (the default, kept so that existing runs and datasets stay valid) a number tokenizes differently
 by what precedes it ("is: 131" ends " 1" "31", "<answer>131" ends "13" "1"; and " 79" is another token
 than "79"), so repeating a number is not a token copy; one digit per token makes it one.
+
+``protocol_tokens`` adds the DA protocol's tags as single tokens (``PROTOCOL_TOKENS``), as Qwen3 has
+``<think>`` and ``<tool_call>``. A tag is then one forward instead of three to eight: a trace spends its
+forwards on what it writes, not on spelling the markup (``<focus magic_chunks=" 5">`` is three tokens, not
+eight). Off by default, so that existing runs and datasets stay valid.
 """
 
 from __future__ import annotations
@@ -23,6 +28,13 @@ from transformers import PreTrainedTokenizerFast
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (not special) tokens: they decode to their text, as Qwen3's do.
 ADDED_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+# The DA protocol's tags as added tokens (``protocol_tokens``): a focus tag is its opening, the chunk ids
+# (BPE) and ``">``.
+PROTOCOL_TOKENS = [
+    *(f"<{mode}>" for mode in ("global", "local", "index", "answer")),
+    *(f"</{mode}>" for mode in ("global", "local", "index", "answer", "focus")),
+    '<focus magic_chunks="',
+]
 
 # A ChatML template with tools, tool calls, tool results and Qwen3's `enable_thinking` switch.
 CHAT_TEMPLATE = """\
@@ -104,11 +116,16 @@ def _corpus(seed: int, sentences: int) -> list[str]:
 
 
 def build_tokenizer(
-    vocab_size: int = 2048, seed: int = 0, sentences: int = 20_000, split_digits: bool = False
+    vocab_size: int = 2048,
+    seed: int = 0,
+    sentences: int = 20_000,
+    split_digits: bool = False,
+    protocol_tokens: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer and wrap it with the chat template.
 
-    ``vocab_size`` counts the 256 byte symbols, merges and the added tokens.
+    ``vocab_size`` counts the 256 byte symbols, merges and the added tokens; ``protocol_tokens`` adds its
+    tags on top, so that the two vocabularies differ by those tokens alone.
     """
     backend = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -134,5 +151,5 @@ def build_tokenizer(
         model_max_length=1 << 20,
     )
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
-    tokenizer.add_tokens(ADDED_TOKENS)
+    tokenizer.add_tokens(ADDED_TOKENS + (PROTOCOL_TOKENS if protocol_tokens else []))
     return tokenizer

@@ -38,7 +38,9 @@ def run_tokenizer(config: RunConfig, run_dir: Path):
     tokenizer = (
         AutoTokenizer.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
         if path
-        else build_tokenizer(split_digits=config.tokenizer.split_digits)
+        else build_tokenizer(
+            split_digits=config.tokenizer.split_digits, protocol_tokens=config.tokenizer.protocol_tokens
+        )
     )
     tokenizer.save_pretrained(saved)
     return tokenizer

@@ -114,12 +114,19 @@ class TokenizerSection(Section):
     path: str | None = None  # HF tokenizer dir or hub id; None: the local BPE (data/tokenizer.py)
     # the local BPE only: one digit per token, as Qwen's (a number is then the same tokens wherever it is)
     split_digits: bool = False
+    # the local BPE only: every DA tag one token (data/tokenizer.py PROTOCOL_TOKENS), as Qwen3's <think>
+    protocol_tokens: bool = False
 
     def validate(self):
         check(
             not (self.split_digits and self.path),
             self.key("split_digits"),
             "applies to the local BPE only; a tokenizer.path brings its own digit handling: drop one of them",
+        )
+        check(
+            not (self.protocol_tokens and self.path),
+            self.key("protocol_tokens"),
+            "applies to the local BPE only; a tokenizer.path brings its own vocabulary: drop one of them",
         )
 
 

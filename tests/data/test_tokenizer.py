@@ -1,8 +1,9 @@
-"""The local BPE tokenizer's digit handling: merged by default, one digit per token with ``split_digits``."""
+"""The local BPE tokenizer's options: one digit per token with ``split_digits``, every DA tag one token with
+``protocol_tokens``."""
 
 import pytest
 
-from data.tokenizer import build_tokenizer
+from data.tokenizer import PROTOCOL_TOKENS, build_tokenizer
 
 NEEDLE, ANSWER = "The special magic number for silver-wolf is: 131.", "<answer>131</answer>"
 
@@ -10,6 +11,11 @@ NEEDLE, ANSWER = "The special magic number for silver-wolf is: 131.", "<answer>1
 @pytest.fixture(scope="module")
 def split():
     return build_tokenizer(split_digits=True)
+
+
+@pytest.fixture(scope="module")
+def tagged():
+    return build_tokenizer(protocol_tokens=True)
 
 
 def pieces(tokenizer, text):
@@ -32,3 +38,25 @@ def test_split_digits_round_trips_and_keeps_the_vocabulary_size(split, tokenizer
     assert split.decode(ids) == text
     assert all(len(p.strip()) <= 1 for p in pieces(split, text) if p.strip().isdigit())
     assert len(split) == len(tokenizer) == 2048
+
+
+def test_protocol_tokens_make_each_tag_one_token(tagged, tokenizer):
+    trace = '<global>Chunk 5.</global>\n<focus magic_chunks=" 5"> 63</focus>\n<answer> 63</answer>'
+    # hand-worked: the tags are single tokens, what they wrap is the default BPE's pieces
+    assert pieces(tagged, trace) == [
+        "<global>", "Ch", "unk", " 5", ".", "</global>", "\n",
+        '<focus magic_chunks="', " 5", '">', " 63", "</focus>", "\n",
+        "<answer>", " 63", "</answer>",
+    ]  # fmt: skip
+    assert len(pieces(tokenizer, trace)) == 31  # without them each tag is 3 tokens, the focus tag 8
+    assert tagged.decode(tagged(trace, add_special_tokens=False)["input_ids"]) == trace
+    assert all(len(tagged(tag, add_special_tokens=False)["input_ids"]) == 1 for tag in PROTOCOL_TOKENS)
+
+
+@pytest.mark.parametrize("text", [NEEDLE, "Magic Chunk 5: x = 12345 - 6789; silver-owl?", 'chunk_id": 12}'])
+def test_protocol_tokens_leave_text_without_tags_as_it_was(tagged, tokenizer, text):
+    assert (
+        tagged(text, add_special_tokens=False)["input_ids"]
+        == tokenizer(text, add_special_tokens=False)["input_ids"]
+    )
+    assert len(tagged) == len(tokenizer) + len(PROTOCOL_TOKENS)

@@ -135,10 +135,11 @@ def test_bad_values_name_the_dotted_key(override, key):
         load_run_config(None, [override])
 
 
-def test_split_digits_is_for_the_local_tokenizer_only():
-    assert load_run_config(None, ["tokenizer.split_digits=true"]).tokenizer.split_digits
-    with pytest.raises(ValueError, match=r"tokenizer\.split_digits: applies to the local BPE only"):
-        load_run_config(None, ["tokenizer.split_digits=true", "tokenizer.path=some/dir"])
+@pytest.mark.parametrize("option", ["split_digits", "protocol_tokens"])
+def test_local_tokenizer_options_are_for_the_local_tokenizer_only(option):
+    assert getattr(load_run_config(None, [f"tokenizer.{option}=true"]).tokenizer, option)
+    with pytest.raises(ValueError, match=rf"tokenizer\.{option}: applies to the local BPE only"):
+        load_run_config(None, [f"tokenizer.{option}=true", "tokenizer.path=some/dir"])
 
 
 def test_weight_sync_choices_are_the_pools():

@@ -1,18 +1,24 @@
 """Token ids -> text for the streaming parser: exact bytes for byte-level and Metaspace vocabularies."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from data.tokenizer import build_tokenizer
 from rollouts.protocol import ProtocolParser, TokenTextStream, token_bytes_table
 
 SAMPLES = st.lists(
     st.sampled_from(
         [
             '<focus magic_chunks="2">',
+            '<focus magic_chunks="',
+            '">',
             "</focus>",
             "<local>",
+            "</global>",
+            "<answer>",
             "é",
             "日本",
             "🙂",
@@ -27,6 +33,15 @@ SAMPLES = st.lists(
 ).map("".join)
 
 
+@pytest.fixture(scope="module", params=[False, True], ids=["bpe", "protocol_tokens"])
+def vocabulary(request, tokenizer, token_table):
+    """The local BPE, as is and with every DA tag one token (a tag then arrives whole in one token)."""
+    if not request.param:
+        return tokenizer, token_table
+    tagged = build_tokenizer(protocol_tokens=True)
+    return tagged, token_bytes_table(tagged)
+
+
 def stream(table, ids):
     text = TokenTextStream(table)
     return "".join(text(i) for i in ids) + text.flush()
@@ -34,7 +49,8 @@ def stream(table, ids):
 
 @settings(max_examples=100, deadline=None)
 @given(text=SAMPLES)
-def test_byte_level_stream_reproduces_text(tokenizer, token_table, text):
+def test_byte_level_stream_reproduces_text(vocabulary, text):
+    tokenizer, token_table = vocabulary
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert stream(token_table, ids) == text
 
@@ -47,8 +63,9 @@ def test_special_tokens_are_silent_and_added_tokens_speak(tokenizer, token_table
 
 @settings(max_examples=100, deadline=None)
 @given(text=SAMPLES)
-def test_token_states_equal_text_states(tokenizer, token_table, text):
+def test_token_states_equal_text_states(vocabulary, text):
     """The state after each token equals the state of a text parse of everything decoded so far."""
+    tokenizer, token_table = vocabulary
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     text_stream, parser = TokenTextStream(token_table), ProtocolParser(3)
     for j, token in enumerate(ids):
