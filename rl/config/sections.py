@@ -126,7 +126,8 @@ class TokenizerSection(Section):
         check(
             not (self.protocol_tokens and self.path),
             self.key("protocol_tokens"),
-            "applies to the local BPE only; a tokenizer.path brings its own vocabulary: drop one of them",
+            "applies to the local BPE only; a tokenizer.path brings its own vocabulary: set "
+            "tokenizer.protocol_tokens=false (configs/tiny.yaml sets it true) or drop tokenizer.path",
         )
 
 

@@ -16,10 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from data.tokenizer import build_tokenizer
 from rewards import DAReward, DecodeCost, RewardConfig, score_trajectory
 from rollouts.engines.base import RolloutRequest, build_trajectory
 from rollouts.masks import KVShape
-from rollouts.protocol import build_prompt
+from rollouts.protocol import build_prompt, token_bytes_table
 
 from .helpers import ACME_GOLD_TEXT, ACME_QUESTION, acme_documents, acme_example, make_trajectory
 
@@ -180,14 +181,30 @@ WASTEFUL = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=[3, 4, 5], ids=["v3", "v4", "v5"])
-def layouts(tokenizer, request):
-    """Every example laid out under protocol v3 (closing tags rest in global), v4 (they rest in local,
-    so the moves between reads and the answer read no chunk) and v5 (decoding starts there too): the
-    tricks must lose under each."""
+@pytest.fixture(
+    scope="module",
+    params=[(3, False), (4, False), (5, False), (4, True)],
+    ids=["v3", "v4", "v5", "v4-protocol-tokens"],
+)
+def setting(request, tokenizer, token_table):
+    """Protocol v3 (closing tags rest in global), v4 (they rest in local, so the moves between reads and
+    the answer read no chunk) and v5 (decoding starts there too), spelled by the local BPE; and v4 with
+    each tag one token, as the embedded default spells it (``tokenizer.protocol_tokens``), where every
+    honest trace is cheaper. The tricks must lose under each. ``(version, tokenizer, token table)``."""
+    version, protocol_tokens = request.param
+    if not protocol_tokens:
+        return version, tokenizer, token_table
+    tagged = build_tokenizer(protocol_tokens=True)
+    return version, tagged, token_bytes_table(tagged)
+
+
+@pytest.fixture(scope="module")
+def layouts(setting):
+    """Every example laid out under the setting's protocol version and tokenizer."""
+    version, tokenizer, _ = setting
 
     def lay(question, documents):
-        return build_prompt(question, documents, tokenizer, block_size=32, protocol_version=request.param)
+        return build_prompt(question, documents, tokenizer, block_size=32, protocol_version=version)
 
     acme = lay(ACME_QUESTION, acme_documents())
     return {
@@ -200,7 +217,8 @@ def layouts(tokenizer, request):
 
 
 @pytest.fixture(scope="module")
-def build(layouts, tokenizer, token_table):
+def build(layouts, setting):
+    _, tokenizer, token_table = setting
     cache = {}
 
     def build(key, text):
@@ -349,10 +367,11 @@ WORDS = ["the", "river", "mill", "market", " bread", "again", "so", "2011", "Acm
     unit=st.sampled_from(sorted(CONFIGS)),
 )
 def test_appending_cheap_text_anywhere_before_the_answer_never_raises_the_total(
-    layouts, tokenizer, token_table, key, where, words, unit
+    layouts, setting, key, where, words, unit
 ):
     """Tokens inserted at a token boundary under ``focus`` or ``local`` (outside any tag, before the
     answer), through the engine's own ``build_trajectory``: the total never goes up."""
+    _, tokenizer, token_table = setting
     example, text = HONEST[key]
     layout, config = layouts[key], CONFIGS[unit]
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
