@@ -16,8 +16,8 @@ compute the same log-probs (tests/rl/test_shared_prompt.py); here they are timed
   neither path inherits the other's freed pages.
 
 Median of ``--reps`` after a warm-up, the two paths interleaved rep by rep, so a loaded machine slows both
-alike. Cases: ``default`` (configs/tiny.yaml's model and data: prompts ~300-330 tokens, completions ~32,
-G = 8, 4 prompts); ``pc10`` and ``pc40``: P/C = 10 and 40 at C = 32, G = 8, on a larger tiny model
+alike. Cases: ``default`` (configs/tiny.yaml's model, tokenizer and data: prompts ~300-330 tokens,
+completions ~16, G = 8, 4 prompts); ``pc10`` and ``pc40``: P/C = 10 and 40 at C = 32, G = 8, on a larger tiny model
 (hidden 256, 4 layers, 4/2 heads of 64, intermediate 1024). Left out: the optimizer step, rollouts, and
 GPU (FlexAttention BlockMask) timings.
 
@@ -54,7 +54,7 @@ class Case:
 
 
 CASES = {
-    "default": Case("default", None, None, 32),
+    "default": Case("default", None, None, 16),
     "pc10": Case("pc10", LARGER, {"chunk_tokens": 27, "lengths": [140]}, 32),
     "pc40": Case("pc40", LARGER, {"chunk_tokens": 59, "lengths": [975]}, 32),
 }
@@ -68,14 +68,14 @@ def build(case: Case, prompts: int, generations: int, seed: int = 0):
     from data.build import generate
     from data.config import parse_config
     from data.prompts import layout_example
-    from data.tokenizer import build_tokenizer
     from rl.config import load_run_config
     from rl.model import TinyModelConfig, build_tiny_model
+    from rl.run_inputs import local_tokenizer
     from rollouts.masks import trace_completion
     from rollouts.protocol import token_bytes_table
 
     cfg = load_run_config(None)
-    tokenizer = build_tokenizer()
+    tokenizer = local_tokenizer(cfg)
     table = token_bytes_table(tokenizer)
     data = dict(cfg.data.build) | (case.data or {}) | {"splits": {"train": prompts}, "ood_examples": 0}
     data["tasks"] = [data["tasks"][0]]  # one task: every prompt at the case's length

@@ -12,9 +12,9 @@ by what precedes it ("is: 131" ends " 1" "31", "<answer>131" ends "13" "1"; and 
 than "79"), so repeating a number is not a token copy; one digit per token makes it one.
 
 ``protocol_tokens`` adds the DA protocol's tags as single tokens (``PROTOCOL_TOKENS``), as Qwen3 has
-``<think>`` and ``<tool_call>``. A tag is then one forward instead of three to eight: a trace spends its
-forwards on what it writes, not on spelling the markup (``<focus magic_chunks=" 5">`` is three tokens, not
-eight). Off by default, so that existing runs and datasets stay valid.
+``<think>`` and ``<tool_call>``. A mode tag is then one forward instead of three, and a focus tag three
+instead of eight (its opening, the chunk ids, ``">``): a trace spends its forwards on what it writes, not
+on spelling the markup. Off by default, so that existing runs and datasets stay valid.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (not special) tokens: they decode to their text, as Qwen3's do.
 ADDED_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 # The DA protocol's tags as added tokens (``protocol_tokens``): a focus tag is its opening, the chunk ids
-# (BPE) and ``">``.
+# (BPE) and ``">``. Not ``">`` itself: an added token matches anywhere, and ``">`` is common in HTML and JSON,
+# so adding it would change how text without tags tokenizes.
 PROTOCOL_TOKENS = [
     *(f"<{mode}>" for mode in ("global", "local", "index", "answer")),
     *(f"</{mode}>" for mode in ("global", "local", "index", "answer", "focus")),

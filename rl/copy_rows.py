@@ -8,8 +8,8 @@ the whole context and its gradient is tiny (bench/BENCHMARKS.md, "Training: the 
 value's loss stays at chance for hundreds of SFT steps).
 
 So the model also trains on that skill in miniature: rows of short segments, each holding random
-ordinary tokens, one value token somewhere, then a protocol tag's last token (``">`` of a focus tag or
-``>`` of ``<answer>``) and the value again, the loss on that value only. In a ``segment``-token window
+ordinary tokens, one value token somewhere, then a protocol tag's last token (``">`` of a focus tag, and
+``>`` of ``<answer>``, or the whole tag where the tokenizer has it as one token) and the value again, the loss on that value only. In a ``segment``-token window
 the value is one token among two dozen, not among hundreds, so the head that finds it and the copy
 through its values form within ~75 steps on the tiny default alone (held-out copy accuracy 0 -> 0.99),
 or in ~200 steps mixed into SFT. Two ways to use the rows:

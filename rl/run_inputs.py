@@ -29,8 +29,6 @@ def run_tokenizer(config: RunConfig, run_dir: Path):
     """``RUN_DIR/tokenizer``, saved there first from ``tokenizer.path`` (or the model's), or the local BPE."""
     from transformers import AutoTokenizer
 
-    from data.tokenizer import build_tokenizer
-
     saved = run_dir / "tokenizer"
     if saved.is_dir():
         return AutoTokenizer.from_pretrained(saved)
@@ -38,12 +36,19 @@ def run_tokenizer(config: RunConfig, run_dir: Path):
     tokenizer = (
         AutoTokenizer.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
         if path
-        else build_tokenizer(
-            split_digits=config.tokenizer.split_digits, protocol_tokens=config.tokenizer.protocol_tokens
-        )
+        else local_tokenizer(config)
     )
     tokenizer.save_pretrained(saved)
     return tokenizer
+
+
+def local_tokenizer(config: RunConfig):
+    """The local BPE (data/tokenizer.py) with the run's ``tokenizer`` options."""
+    from data.tokenizer import build_tokenizer
+
+    return build_tokenizer(
+        split_digits=config.tokenizer.split_digits, protocol_tokens=config.tokenizer.protocol_tokens
+    )
 
 
 def run_data(config: RunConfig, run_dir: Path, tokenizer):

@@ -31,6 +31,14 @@ def tokenizer():
 
 
 @pytest.fixture(scope="session")
+def tagged_tokenizer():
+    """The same BPE with each DA tag one token (``protocol_tokens``), as the embedded default builds it."""
+    from data.tokenizer import build_tokenizer
+
+    return build_tokenizer(protocol_tokens=True)
+
+
+@pytest.fixture(scope="session")
 def token_table(tokenizer):
     """Per-token-id UTF-8 bytes of ``tokenizer`` (what the streaming parser reads)."""
     from rollouts.protocol import token_bytes_table

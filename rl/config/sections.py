@@ -126,8 +126,9 @@ class TokenizerSection(Section):
         check(
             not (self.protocol_tokens and self.path),
             self.key("protocol_tokens"),
-            "applies to the local BPE only; a tokenizer.path brings its own vocabulary: set "
-            "tokenizer.protocol_tokens=false (configs/tiny.yaml sets it true) or drop tokenizer.path",
+            "applies to the local BPE only; a tokenizer.path brings its own vocabulary (a run's saved "
+            "tokenizer keeps the tags it was built with): set tokenizer.protocol_tokens=false or drop "
+            "tokenizer.path",
         )
 
 

@@ -6,16 +6,12 @@ import pytest
 from data.tokenizer import PROTOCOL_TOKENS, build_tokenizer
 
 NEEDLE, ANSWER = "The special magic number for silver-wolf is: 131.", "<answer>131</answer>"
+TRACE = '<global>Chunk 5.</global>\n<focus magic_chunks=" 5"> 63</focus>\n<answer> 63</answer>'
 
 
 @pytest.fixture(scope="module")
 def split():
     return build_tokenizer(split_digits=True)
-
-
-@pytest.fixture(scope="module")
-def tagged():
-    return build_tokenizer(protocol_tokens=True)
 
 
 def pieces(tokenizer, text):
@@ -40,23 +36,36 @@ def test_split_digits_round_trips_and_keeps_the_vocabulary_size(split, tokenizer
     assert len(split) == len(tokenizer) == 2048
 
 
-def test_protocol_tokens_make_each_tag_one_token(tagged, tokenizer):
-    trace = '<global>Chunk 5.</global>\n<focus magic_chunks=" 5"> 63</focus>\n<answer> 63</answer>'
+def test_protocol_tokens_make_each_tag_one_token(tagged_tokenizer, tokenizer):
     # hand-worked: the tags are single tokens, what they wrap is the default BPE's pieces
-    assert pieces(tagged, trace) == [
+    assert pieces(tagged_tokenizer, TRACE) == [
         "<global>", "Ch", "unk", " 5", ".", "</global>", "\n",
         '<focus magic_chunks="', " 5", '">', " 63", "</focus>", "\n",
         "<answer>", " 63", "</answer>",
     ]  # fmt: skip
-    assert len(pieces(tokenizer, trace)) == 31  # without them each tag is 3 tokens, the focus tag 8
-    assert tagged.decode(tagged(trace, add_special_tokens=False)["input_ids"]) == trace
-    assert all(len(tagged(tag, add_special_tokens=False)["input_ids"]) == 1 for tag in PROTOCOL_TOKENS)
+    assert len(pieces(tokenizer, TRACE)) == 31  # without them each tag is 3 tokens, the focus tag 8
+    assert tagged_tokenizer.decode(tagged_tokenizer(TRACE, add_special_tokens=False)["input_ids"]) == TRACE
+    assert all(
+        len(tagged_tokenizer(tag, add_special_tokens=False)["input_ids"]) == 1 for tag in PROTOCOL_TOKENS
+    )
 
 
 @pytest.mark.parametrize("text", [NEEDLE, "Magic Chunk 5: x = 12345 - 6789; silver-owl?", 'chunk_id": 12}'])
-def test_protocol_tokens_leave_text_without_tags_as_it_was(tagged, tokenizer, text):
+def test_protocol_tokens_leave_text_without_tags_as_it_was(tagged_tokenizer, tokenizer, text):
     assert (
-        tagged(text, add_special_tokens=False)["input_ids"]
+        tagged_tokenizer(text, add_special_tokens=False)["input_ids"]
         == tokenizer(text, add_special_tokens=False)["input_ids"]
     )
-    assert len(tagged) == len(tokenizer) + len(PROTOCOL_TOKENS)
+
+
+def test_protocol_tokens_add_the_tags_alone_and_survive_a_save(tagged_tokenizer, tokenizer, tmp_path):
+    """A run saves its tokenizer (RUN_DIR/tokenizer, every checkpoint, the export) and eval, serving and
+    the rollout workers load it back: the tags must come back as the same single tokens."""
+    from transformers import AutoTokenizer
+
+    assert len(tagged_tokenizer) == len(tokenizer) + len(PROTOCOL_TOKENS)
+    tagged_tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    ids = tagged_tokenizer(TRACE, add_special_tokens=False)["input_ids"]
+    assert loaded(TRACE, add_special_tokens=False)["input_ids"] == ids and len(ids) == 16
+    assert loaded.decode(ids) == TRACE

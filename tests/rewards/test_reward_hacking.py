@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data.tokenizer import build_tokenizer
 from rewards import DAReward, DecodeCost, RewardConfig, score_trajectory
 from rollouts.engines.base import RolloutRequest, build_trajectory
 from rollouts.masks import KVShape
@@ -186,7 +185,7 @@ WASTEFUL = {
     params=[(3, False), (4, False), (5, False), (4, True)],
     ids=["v3", "v4", "v5", "v4-protocol-tokens"],
 )
-def setting(request, tokenizer, token_table):
+def setting(request, tokenizer, token_table, tagged_tokenizer):
     """Protocol v3 (closing tags rest in global), v4 (they rest in local, so the moves between reads and
     the answer read no chunk) and v5 (decoding starts there too), spelled by the local BPE; and v4 with
     each tag one token, as the embedded default spells it (``tokenizer.protocol_tokens``), where every
@@ -194,8 +193,7 @@ def setting(request, tokenizer, token_table):
     version, protocol_tokens = request.param
     if not protocol_tokens:
         return version, tokenizer, token_table
-    tagged = build_tokenizer(protocol_tokens=True)
-    return version, tagged, token_bytes_table(tagged)
+    return version, tagged_tokenizer, token_bytes_table(tagged_tokenizer)
 
 
 @pytest.fixture(scope="module")

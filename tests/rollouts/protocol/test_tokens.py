@@ -6,7 +6,6 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from data.tokenizer import build_tokenizer
 from rollouts.protocol import ProtocolParser, TokenTextStream, token_bytes_table
 
 SAMPLES = st.lists(
@@ -34,12 +33,11 @@ SAMPLES = st.lists(
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["bpe", "protocol_tokens"])
-def vocabulary(request, tokenizer, token_table):
-    """The local BPE, as is and with every DA tag one token (a tag then arrives whole in one token)."""
+def vocabulary(request, tokenizer, token_table, tagged_tokenizer):
+    """The local BPE, as is and with every DA tag one token (a mode tag then arrives whole in one token)."""
     if not request.param:
         return tokenizer, token_table
-    tagged = build_tokenizer(protocol_tokens=True)
-    return tagged, token_bytes_table(tagged)
+    return tagged_tokenizer, token_bytes_table(tagged_tokenizer)
 
 
 def stream(table, ids):
