@@ -17,8 +17,8 @@ compute the same log-probs (tests/rl/test_shared_prompt.py); here they are timed
 
 Median of ``--reps`` after a warm-up, the two paths interleaved rep by rep, so a loaded machine slows both
 alike. Cases: ``default`` (configs/tiny.yaml's model, tokenizer and data: prompts ~300-330 tokens,
-completions ~16, G = 8, 4 prompts); ``pc10`` and ``pc40``: P/C = 10 and 40 at C = 32, G = 8, on a larger tiny model
-(hidden 256, 4 layers, 4/2 heads of 64, intermediate 1024). Left out: the optimizer step, rollouts, and
+completions ~16, G = 8, 4 prompts); ``pc10`` and ``pc40``: P/C = 10 and 40 at C = 32, G = 8, on a larger
+tiny model (hidden 256, 4 layers, 4/2 heads of 64, intermediate 1024). Left out: the optimizer step, rollouts, and
 GPU (FlexAttention BlockMask) timings.
 
     nice -n 10 .venv/bin/python -m bench.trainer [--cases default pc10 pc40] [--reps 3] [--prompts 4] [--threads 1]

@@ -9,10 +9,11 @@ value's loss stays at chance for hundreds of SFT steps).
 
 So the model also trains on that skill in miniature: rows of short segments, each holding random
 ordinary tokens, one value token somewhere, then a protocol tag's last token (``">`` of a focus tag, and
-``>`` of ``<answer>``, or the whole tag where the tokenizer has it as one token) and the value again, the loss on that value only. In a ``segment``-token window
-the value is one token among two dozen, not among hundreds, so the head that finds it and the copy
-through its values form within ~75 steps on the tiny default alone (held-out copy accuracy 0 -> 0.99),
-or in ~200 steps mixed into SFT. Two ways to use the rows:
+``>`` of ``<answer>`` or the whole tag where the tokenizer has it as one token) and the value again, the
+loss on that value only. In a ``segment``-token window the value is one token among two dozen, not
+among hundreds, so the head that finds it and the copy through its values form within ~75 steps on the
+tiny default alone (held-out copy accuracy 0 -> 0.99), or in ~200 steps mixed into SFT. Two ways to use
+the rows:
 
 - :func:`with_copy_rows`, rows added to every SFT step from a given step on (``sft.copy_mix_rows``,
   :func:`rl.sft.train_sft`). The embedded default does this: a model that copies *before* SFT learns

@@ -46,6 +46,14 @@ def token_table(tokenizer):
     return token_bytes_table(tokenizer)
 
 
+@pytest.fixture(scope="session")
+def tagged_token_table(tagged_tokenizer):
+    """Per-token-id UTF-8 bytes of ``tagged_tokenizer``."""
+    from rollouts.protocol import token_bytes_table
+
+    return token_bytes_table(tagged_tokenizer)
+
+
 @pytest.fixture
 def selective_attention():
     """transformers taught Selective Attention (dense kernel), as a recipe or an engine does before it builds

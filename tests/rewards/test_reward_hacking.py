@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from rewards import DAReward, DecodeCost, RewardConfig, score_trajectory
 from rollouts.engines.base import RolloutRequest, build_trajectory
 from rollouts.masks import KVShape
-from rollouts.protocol import build_prompt, token_bytes_table
+from rollouts.protocol import build_prompt
 
 from .helpers import ACME_GOLD_TEXT, ACME_QUESTION, acme_documents, acme_example, make_trajectory
 
@@ -185,7 +185,7 @@ WASTEFUL = {
     params=[(3, False), (4, False), (5, False), (4, True)],
     ids=["v3", "v4", "v5", "v4-protocol-tokens"],
 )
-def setting(request, tokenizer, token_table, tagged_tokenizer):
+def setting(request, tokenizer, token_table, tagged_tokenizer, tagged_token_table):
     """Protocol v3 (closing tags rest in global), v4 (they rest in local, so the moves between reads and
     the answer read no chunk) and v5 (decoding starts there too), spelled by the local BPE; and v4 with
     each tag one token, as the embedded default spells it (``tokenizer.protocol_tokens``), where every
@@ -193,7 +193,7 @@ def setting(request, tokenizer, token_table, tagged_tokenizer):
     version, protocol_tokens = request.param
     if not protocol_tokens:
         return version, tokenizer, token_table
-    return version, tagged_tokenizer, token_bytes_table(tagged_tokenizer)
+    return version, tagged_tokenizer, tagged_token_table
 
 
 @pytest.fixture(scope="module")

@@ -33,11 +33,9 @@ SAMPLES = st.lists(
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["bpe", "protocol_tokens"])
-def vocabulary(request, tokenizer, token_table, tagged_tokenizer):
+def vocabulary(request, tokenizer, token_table, tagged_tokenizer, tagged_token_table):
     """The local BPE, as is and with every DA tag one token (a mode tag then arrives whole in one token)."""
-    if not request.param:
-        return tokenizer, token_table
-    return tagged_tokenizer, token_bytes_table(tagged_tokenizer)
+    return (tagged_tokenizer, tagged_token_table) if request.param else (tokenizer, token_table)
 
 
 def stream(table, ids):
