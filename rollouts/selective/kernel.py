@@ -36,7 +36,7 @@ atomic adds for ``dq``, ``dk`` and ``dv``.
 It runs on CUDA, and on CPU only in Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is first
 imported), which is how the tests check it against the loop reference and the dense path -- in fp32 only:
 the interpreter's ``tl.dot`` on bf16 tiles is wrong, so bf16 is first checked on a GPU
-(``bench/selective_kernel.py`` prints the max difference to the dense path).
+(``bench/gpu_check.py`` checks it there against the dense path, and times both).
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def selective_forward(
     visible: torch.Tensor | None,  # [b|1, n, n] bool attention mask (causality is added), or None: causal
     scaling: float,
     tau: float | None = None,
-    block_size: int = 64,
+    block_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``(out [b, n, h, d], total [b, n], memory [b, n] or None, lse [b, h, n])``: Selective Attention
     over one prefill.
@@ -338,9 +338,11 @@ def selective_forward(
     (:class:`rollouts.selective.mask.MaskAccumulator`'s ``total``). With ``tau``, ``memory`` is L_mem's
     effective memory per query, :func:`rollouts.selective.mask.effective_memory` of ``F``. ``lse`` is each
     row's log-sum-exp, for :func:`selective_backward`. Queries and keys are the same ``n`` positions (a
-    forward without a KV cache). A query row that sees no key returns zeros.
+    forward without a KV cache). A query row that sees no key returns zeros. ``block_size`` defaults to
+    :func:`tile_rows`.
     """
     query, key, value = _unit_stride(query, key, value)
+    block_size = tile_rows(query.shape[-1], query.dtype) if block_size is None else block_size
     run = _launch(query, key, value, visible, tau, block_size)
     sums = _column_sums(run, query, key, scaling)
     prior = _shifted_cumsum(sums).contiguous()  # C: [b, nI, n], F at the first row of each block
@@ -357,6 +359,20 @@ def selective_forward(
     return out, sums.sum(1), memory, lse
 
 
+def tile_rows(head_dim: int, dtype: torch.dtype, backward: bool = False) -> int:
+    """Rows per tile (``BLOCK_M = BLOCK_N``): 64, fewer where a program's tiles would overflow the 227 KiB of
+    shared memory an H100 / H200 program may use. Past ``head_dim`` 64 a backward program (query, key, value
+    and output-gradient tiles plus fp32 accumulators) needs 32 rows in bf16 / fp16 (64 asked 257 KiB) and
+    16 in fp32, and an fp32 forward 32 (64 asked 273 KiB). Measured on an H200 with
+    ``bench/gpu_check.py``."""
+    if head_dim <= 64:
+        return 64
+    wide = torch.finfo(dtype).bits > 16
+    if backward:
+        return 16 if wide else 32
+    return 32 if wide else 64
+
+
 def selective_backward(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -368,15 +384,16 @@ def selective_backward(
     grad_memory: torch.Tensor | None,  # [b, n] when the forward computed memory (tau), else None
     scaling: float,
     tau: float | None = None,
-    block_size: int = 64,
+    block_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` of :func:`selective_forward`, shaped as ``query``, ``key``, ``value``.
 
     Recomputes pass 1 (``C``, cheap: head 0 only) rather than keeping it, then one program per key block
     walks the query blocks bottom-up (see ``_backward_kernel``). Float32 gradient buffers, added to
-    atomically, cast to the inputs' dtype at the end.
+    atomically, cast to the inputs' dtype at the end. ``block_size`` defaults to :func:`tile_rows`.
     """
     query, key, value, grad_out = _unit_stride(query, key, value, grad_out)
+    block_size = tile_rows(query.shape[-1], query.dtype, backward=True) if block_size is None else block_size
     run = _launch(query, key, value, visible, tau, block_size)
     prior = _shifted_cumsum(_column_sums(run, query, key, scaling)).contiguous()
     delta = (grad_out.float() * out.float()).sum(-1).transpose(1, 2).contiguous()  # [b, h, n]

@@ -75,6 +75,7 @@ class _Layer(torch.nn.Module):
         (2, 4, 2, 40, 24, 16, "da", 1.0),
         (1, 2, 1, 70, 16, 32, "da", 0.5),
         (2, 2, 2, 9, 16, 64, "causal", 1.0),
+        (1, 2, 1, 40, 128, None, "da", 1.0),  # head_dim 128 on the default tiles (tile_rows: 32, then 16)
     ],
 )
 def test_backward_matches_autograd_through_the_dense_path(kernel, b, h, kv_heads, n, d, block, mask, tau):

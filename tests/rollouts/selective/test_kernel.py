@@ -29,6 +29,19 @@ def test_kernel_cases_in_the_interpreter():
     assert " passed" in result.stdout and "skipped" not in result.stdout
 
 
+def test_tiles_fit_a_hopper_programs_shared_memory():
+    """Rows per tile as measured on an H200 (bench/BENCHMARKS.md, "The GPU check"): a bf16 backward at
+    head_dim 128 asked 257 KiB at 64 rows, an fp32 forward 273 KiB, against 227 KiB."""
+    import torch
+
+    from rollouts.selective.kernel import tile_rows
+
+    assert [tile_rows(d, torch.bfloat16) for d in (32, 64, 128)] == [64, 64, 64]
+    assert [tile_rows(d, torch.bfloat16, backward=True) for d in (32, 64, 128)] == [64, 64, 32]
+    assert [tile_rows(d, torch.float32) for d in (64, 128)] == [64, 32]
+    assert [tile_rows(d, torch.float32, backward=True) for d in (64, 128)] == [64, 16]
+
+
 def test_unknown_kernel_is_an_error(monkeypatch):
     from rollouts.selective.attention import kernel_from_env
 
