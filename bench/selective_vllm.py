@@ -7,7 +7,8 @@ the same tokens) as one batch, prefill included (a Selective Attention engine ru
 caching, so the stock engine does too). Reported, per configuration: generated tokens per second (median
 of ``--reps``, configurations interleaved), and the keys each layer read per generated token. The stock
 engine is the ceiling (vLLM's fused CPU attention over the paged cache); the Selective Attention path
-runs Heed's attention function per request per layer in Python (rollouts/engines/vllm_selective.py);
+runs Heed's attention function per layer over the step's prefills and decode rows as padded batches
+(rollouts/engines/vllm_selective.py);
 the reference engine decodes one request at a time with transformers.
 
     nice -n 10 .venv/bin/python -m bench.selective_vllm [--requests 16] [--reps 3] [--budgets 64,48,96,32]

@@ -18,8 +18,11 @@ compute the same log-probs (tests/rl/test_shared_prompt.py); here they are timed
 Median of ``--reps`` after a warm-up, the two paths interleaved rep by rep, so a loaded machine slows both
 alike. Cases: ``default`` (configs/tiny.yaml's model, tokenizer and data: prompts ~300-330 tokens,
 completions ~16, G = 8, 4 prompts); ``pc10`` and ``pc40``: P/C = 10 and 40 at C = 32, G = 8, on a larger
-tiny model (hidden 256, 4 layers, 4/2 heads of 64, intermediate 1024). Left out: the optimizer step, rollouts, and
-GPU (FlexAttention BlockMask) timings.
+tiny model (hidden 256, 4 layers, 4/2 heads of 64, intermediate 1024); ``selective``: configs/tiny-selective.yaml's
+policy (the default's model with Selective Attention, KV budgets 256/192/128/192 replayed by the forward,
+L_mem at eps 0.1 in the loss) on its data (prompts 300-330 tokens, completions ~32), with a third row: the DA
+model (the same weights without Selective Attention) on the same batch, shared, the step Selective
+Attention is compared with. Left out: the optimizer step, rollouts, and GPU timings (``bench/gpu_check.py``).
 
     nice -n 10 .venv/bin/python -m bench.trainer [--cases default pc10 pc40] [--reps 3] [--prompts 4] [--threads 1]
 """
@@ -51,18 +54,34 @@ class Case:
     model: dict | None  # TinyModelConfig fields; None: configs/tiny.yaml's
     data: dict | None  # data config overrides; None: configs/tiny.yaml's data.build
     completion_tokens: int  # C: completion lengths spread over [C - 6, C + 6]
+    budgets: tuple[int, ...] | None = None  # a Selective Attention policy under these KV budgets
 
 
 CASES = {
     "default": Case("default", None, None, 16),
     "pc10": Case("pc10", LARGER, {"chunk_tokens": 27, "lengths": [140]}, 32),
     "pc40": Case("pc40", LARGER, {"chunk_tokens": 59, "lengths": [975]}, 32),
+    "selective": Case(
+        "selective", None, {"chunk_tokens": 27, "lengths": [130, 160]}, 32, (256, 192, 128, 192)
+    ),
 }
 PATHS = ("per-completion", "shared")
+DA_SHARED = "DA shared"  # the selective case's reference row
+MEMORY_EPS, MEMORY_TAU = 0.1, 1.0  # configs/tiny-selective.yaml's grpo_memory_eps and memory_tau
+
+
+def paths(case: Case) -> tuple[str, ...]:
+    return PATHS + ((DA_SHARED,) if case.budgets else ())
+
+
+def policy(case: Case, model, path: str):
+    """The model ``path`` trains: the case's policy, or the plain DA model for :data:`DA_SHARED`."""
+    return model if case.budgets is None or path == DA_SHARED else selective_policy(model, case.budgets)
 
 
 def build(case: Case, prompts: int, generations: int, seed: int = 0):
-    """``(model, input_ids [B, P + C], traces, C)`` for one GRPO step of ``case``."""
+    """``(model, input_ids [B, P + C], traces, C)`` for one GRPO step of ``case`` (the plain DA model:
+    :func:`policy` makes the case's policy of it)."""
     import numpy as np
 
     from data.build import generate
@@ -78,7 +97,7 @@ def build(case: Case, prompts: int, generations: int, seed: int = 0):
     tokenizer = local_tokenizer(cfg)
     table = token_bytes_table(tokenizer)
     data = dict(cfg.data.build) | (case.data or {}) | {"splits": {"train": prompts}, "ood_examples": 0}
-    data["tasks"] = [data["tasks"][0]]  # one task: every prompt at the case's length
+    data["tasks"] = [data["tasks"][0]]  # one task: every prompt at the case's length(s)
     rows = [r.to_row() for r in generate(parse_config(data), tokenizer)["train"]][:prompts]
     model_config = cfg.model.tiny if case.model is None else TinyModelConfig(**case.model)
     torch.manual_seed(seed)
@@ -106,44 +125,85 @@ def build(case: Case, prompts: int, generations: int, seed: int = 0):
     return model, input_ids, traces, c_width
 
 
-def logps(model, path: str, input_ids, traces, c_width):
-    from rl.logprobs import masked_completion_logps, shared_completion_logps
+def selective_policy(model, budgets):
+    """The same weights as a Selective Attention model carrying ``budgets`` (as configs/tiny-selective.yaml
+    builds its policy)."""
+    import copy
 
-    forward = shared_completion_logps if path == "shared" else masked_completion_logps
-    return forward(model, input_ids, traces, c_width)[0]
+    from transformers import Qwen3ForCausalLM
+
+    from rollouts.selective.attention import enable_selective_attention, register_selective_attention
+    from rollouts.selective.eviction import save_budgets
+
+    register_selective_attention("dense")
+    config = enable_selective_attention(copy.deepcopy(model.config))
+    save_budgets(config, budgets)
+    policy = Qwen3ForCausalLM(config)
+    policy.load_state_dict(model.state_dict())
+    return policy.train()
+
+
+def padding_mask(input_ids, traces, c_width):
+    """TRL's ``[B, P + C]`` attention mask: each row's prompt and completion."""
+    width = input_ids.size(1) - c_width
+    mask = torch.zeros(input_ids.shape, dtype=torch.bool)
+    for b, trace in enumerate(traces):
+        mask[b, width - trace.layout.prompt_len : width + len(trace.row_state)] = True
+    return mask
+
+
+def logps(model, path: str, input_ids, traces, c_width):
+    """``(log-probs [B, C], L_mem or None)``, as the trainer's forward computes them (rl/grpo.py)."""
+    from rl.logprobs import masked_completion_logps, shared_completion_logps
+    from rl.selective.losses import recorded_memory_loss
+    from rollouts.selective.attention import AttentionState
+    from rollouts.selective.eviction import load_budgets
+
+    forward = masked_completion_logps if path == "per-completion" else shared_completion_logps
+    if not getattr(model.config, "selective_attention", False):
+        return forward(model, input_ids, traces, c_width)[0], None
+    padding = padding_mask(input_ids, traces, c_width)
+    state = AttentionState(budgets=load_budgets(model.config), padding_mask=padding, tau=MEMORY_TAU)
+    new = forward(model, input_ids, traces, c_width, attn_implementation="heed_selective", heed_state=state)[
+        0
+    ]
+    return new, recorded_memory_loss(state, padding.sum(-1), MEMORY_EPS)
 
 
 def step(model, path: str, input_ids, traces, c_width, advantages, real) -> None:
-    """Forward with grad, TRL's clipped token-level GRPO loss over the step's tokens, backward."""
+    """Forward with grad, TRL's clipped token-level GRPO loss over the step's tokens (plus L_mem for a
+    Selective Attention policy), backward."""
     model.zero_grad(set_to_none=True)
-    new = logps(model, path, input_ids, traces, c_width)
+    new, memory = logps(model, path, input_ids, traces, c_width)
     ratio = torch.exp(new - new.detach())  # one optimizer pass per generation batch: old = new
     a = advantages[:, None]
     per_token = -torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a)
-    ((per_token * real).sum() / real.sum()).backward()
+    loss = (per_token * real).sum() / real.sum()
+    (loss if memory is None else loss + memory).backward()
 
 
 def forward_tokens(path: str, input_ids, traces, c_width) -> int:
     from rl.logprobs import share_prompts
 
-    if path == "shared":
+    if path != "per-completion":
         return share_prompts(input_ids, traces, c_width).input_ids.numel()
     return input_ids.numel()
 
 
 def measure(case: Case, args) -> dict:
     model, input_ids, traces, c_width = build(case, args.prompts, args.generations)
+    models = {path: policy(case, model, path) for path in paths(case)}
     lengths = torch.tensor([len(t.row_state) for t in traces])
     real = torch.arange(c_width)[None, :] < lengths[:, None]
     advantages = torch.randn(len(traces), generator=torch.Generator().manual_seed(0))
-    times = {p: {"step": [], "nograd": []} for p in PATHS}
+    times = {p: {"step": [], "nograd": []} for p in paths(case)}
     for rep in range(args.reps + 1):  # rep 0 warms up
-        for path in PATHS:
+        for path in paths(case):
             start = time.perf_counter()
-            step(model, path, input_ids, traces, c_width, advantages, real)
+            step(models[path], path, input_ids, traces, c_width, advantages, real)
             mid = time.perf_counter()
             with torch.no_grad():
-                logps(model, path, input_ids, traces, c_width)
+                logps(models[path], path, input_ids, traces, c_width)
             end = time.perf_counter()
             if rep:
                 times[path]["step"].append(mid - start)
@@ -156,7 +216,7 @@ def measure(case: Case, args) -> dict:
         "completions": len(traces),
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
-    for path in PATHS:
+    for path in paths(case):
         s = statistics.median(times[path]["step"])
         out[path] = {
             "step_s": s,
@@ -181,6 +241,7 @@ def run_child(case: Case, path: str, args) -> None:
     from bench.protocol import PeakRSS
 
     model, input_ids, traces, c_width = build(case, args.prompts, args.generations)
+    model = policy(case, model, path)
     real = torch.arange(c_width)[None, :] < torch.tensor([len(t.row_state) for t in traces])[:, None]
     advantages = torch.randn(len(traces), generator=torch.Generator().manual_seed(0))
     step(model, path, input_ids, traces, c_width, advantages, real)  # first-call allocations
@@ -211,14 +272,14 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, sdpa (dense bool mask)"
     )
     print(f"{args.prompts} prompts x G = {args.generations}, median of {args.reps} reps after a warm-up")
-    head = "{:<8} {:>6} {:>5} {:>6} {:<15} {:>10} {:>8} {:>10} {:>9} {:>9}"
+    head = "{:<9} {:>6} {:>5} {:>6} {:<15} {:>10} {:>8} {:>10} {:>9} {:>9}"
     print(head.format("case", "params", "P", "C", "path", "fwd tokens", "step s", "tokens/s", "no-grad s",
                       "peak MiB"))  # fmt: skip
     for name in args.cases:
         case = CASES[name]
         r = measure(case, args)
-        peaks = {path: child_peak(case, path, args) / 2**20 for path in PATHS}
-        for path in PATHS:
+        peaks = {path: child_peak(case, path, args) / 2**20 for path in paths(case)}
+        for path in paths(case):
             m = r[path]
             print(
                 head.format(
@@ -229,11 +290,17 @@ def main() -> None:
             )  # fmt: skip
         per, shared = r["per-completion"], r["shared"]
         print(
-            f"{'':<8} P/C = {r['prompt_tokens'] / r['completion_tokens']:.1f}: shared is "
+            f"{'':<9} P/C = {r['prompt_tokens'] / r['completion_tokens']:.1f}: shared is "
             f"{per['step_s'] / shared['step_s']:.2f}x faster per step, {per['nograd_s'] / shared['nograd_s']:.2f}x "
             f"per no-grad forward, {per['fwd_tokens'] / shared['fwd_tokens']:.2f}x fewer forward tokens, "
             f"{peaks['per-completion'] / max(peaks['shared'], 1e-9):.2f}x less peak memory"
         )
+        if case.budgets:
+            da = r[DA_SHARED]
+            print(
+                f"{'':<9} Selective Attention, shared: {shared['step_s'] / da['step_s']:.2f}x the DA step "
+                f"(one row per completion: {per['step_s'] / da['step_s']:.2f}x)"
+            )
         print("RESULT " + json.dumps(r | {"peak_mib": peaks}), file=sys.stderr)
 
 

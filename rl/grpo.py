@@ -23,8 +23,9 @@ policy gradient (plus a KL term when ``beta > 0``). Heed changes three things, e
 Selective Attention models: the trainer's forward replays the KV evictions the rollout engine made (the
 budgets in the model config, :class:`~rollouts.selective.attention.AttentionState`), and ``L_mem`` goes
 into the loss through TRL's auxiliary-loss slot (``memory_loss``: weight and tau; logged as ``aux_loss``).
-They run one row per completion: F accumulates over every row a query sees, and a shared row would let a
-completion collect another's selections (``share_prompt=True`` is refused for them).
+With ``share_prompt`` their shared rows are branch-aware: each completion's ``F``, evictions and ``L_mem``
+sum over the prompt and itself only, so they equal a row of its own
+(:class:`~rollouts.selective.attention.AttentionState` ``branches``).
 
 TRL's vLLM importance-sampling correction stays on (``use_vllm`` is set after TRL's own set-up, so
 TRL starts no vLLM of its own): the ratio between the trainer's and the engine's log-prob of each
@@ -213,8 +214,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         memory_loss: ``(eps, tau)`` of the memory loss ``L_mem`` added to the loss of a Selective Attention
             policy (``eps`` 0: none), or ``None``.
         share_prompt: one forward row per distinct prompt (``[prompt | c_1 .. c_k]``) instead of one per
-            completion, for policy, old-policy and reference log-probs and the backward. ``None``: on unless
-            the model is a Selective Attention one; ``True`` with such a model is refused.
+            completion, for policy, old-policy and reference log-probs and the backward (``None``: on).
         **kwargs: ``GRPOTrainer`` arguments (``model``, ``args``, ``train_dataset``, ``reward_funcs``, ...).
     """
 
@@ -239,14 +239,7 @@ class HeedGRPOTrainer(GRPOTrainer):
                 "HeedGRPOTrainer generates with the rollout pool: leave GRPOConfig.use_vllm False "
                 "(the importance-sampling correction is turned on by the trainer itself)"
             )
-        selective = getattr(getattr(kwargs.get("model"), "config", None), "selective_attention", False)
-        if share_prompt and selective:
-            raise ValueError(
-                "grpo.share_prompt: Selective Attention accumulates F over every row a query sees, so a shared "
-                "row would let one completion collect another's selections; set grpo.share_prompt: false "
-                "(or leave it unset: Selective Attention runs one row per completion)"
-            )
-        self.share_prompt = da_mask and (not selective if share_prompt is None else share_prompt)
+        self.share_prompt = da_mask and share_prompt is not False
         self._heed_sampler = sampler
         super().__init__(*args, rollout_func=rollout, **kwargs)
         self.rollout = rollout

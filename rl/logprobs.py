@@ -20,8 +20,10 @@ share a prompt (a GRPO group, or the part of one a micro-batch holds) become one
 prompt under its own mode states and its own tokens only (:func:`~rollouts.masks.shared_mask_batch`), its
 positions restart at the prompt length, and its first token is predicted by the last prompt row: every
 log-prob is the per-completion forward's, and autograd sums the ``k`` completions' gradients into the one
-prompt copy, as the ``k`` repeated rows did. Not for Selective Attention models: their F accumulates over
-every row a query sees, which a shared row would have to make branch-aware (refused, see ``rl/grpo.py``).
+prompt copy, as the ``k`` repeated rows did. Selective Attention models share too: their ``F`` sums over
+every earlier row, so the forward is told which completion each position belongs to
+(:class:`~rollouts.selective.attention.AttentionState` ``branches``) and each completion sums the prompt's
+rows and its own, and replays its KV budgets from the state the prompt left.
 """
 
 from __future__ import annotations
@@ -241,6 +243,9 @@ class SharedBatch:
     logit_index: torch.Tensor  # [B, C] int64: kept-logit column that predicts token j of completion b
     real: torch.Tensor  # [B, C] bool: j < the completion's length (its trace)
     logits_to_keep: int  # T - W + 1: every completion column of every row, and the last prompt row
+    valid: torch.Tensor  # [R, T] bool: real (non-padding) positions
+    branches: torch.Tensor  # [R, T] int64: 0 on the prompt, j on the row's j-th completion, -1 after
+    branch: torch.Tensor  # [B] int64: completion b's j in its row
 
 
 def share_prompts(
@@ -264,6 +269,7 @@ def share_prompts(
     tail = input_ids.size(1) - completion_width  # where TRL's completion columns start
     packed = torch.zeros(len(groups), seq_len, dtype=input_ids.dtype)
     row = torch.empty(len(traces), dtype=torch.long)
+    branch = torch.empty(len(traces), dtype=torch.long)
     first = torch.empty(len(traces), dtype=torch.long)  # kept-logit column of each completion's first token
     row_starts = []
     for r, group in enumerate(groups):
@@ -271,9 +277,9 @@ def share_prompts(
         row_starts.append(width - p)
         packed[r, width - p : width] = cpu_ids[group[0], starts[group[0]] : tail]
         offset = width
-        for b in group:
+        for j, b in enumerate(group, start=1):
             packed[r, offset : offset + lengths[b]] = cpu_ids[b, tail : tail + lengths[b]]
-            row[b], first[b] = r, offset - width
+            row[b], branch[b], first[b] = r, j, offset - width
             offset += lengths[b]
     j = torch.arange(completion_width)
     real = j[None, :] < torch.tensor(lengths)[:, None]  # [B, C]
@@ -288,6 +294,9 @@ def share_prompts(
         logit_index.to(device),
         real.to(device),
         seq_len - width + 1,
+        batch.valid.to(device),
+        batch.branches.to(device),
+        branch.to(device),
     )
 
 
@@ -300,12 +309,23 @@ def shared_completion_logps(
     temperature: float = 1.0,
     attn_implementation: str = "sdpa",
     compute_entropy: bool = False,
+    heed_state=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`masked_completion_logps` with one prompt forward per distinct prompt: the same ``[B, C]``
-    log-probs (and entropies), 0 past each completion's end."""
+    log-probs (and entropies), 0 past each completion's end.
+
+    ``heed_state``: a Selective Attention model's :class:`~rollouts.selective.attention.AttentionState`
+    (budgets, ``tau``), as for :func:`masked_completion_logps`; see :func:`shared_forward`."""
     shared = share_prompts(input_ids, traces, completion_width, attn_implementation)
     targets = input_ids[:, input_ids.size(1) - completion_width :]  # [B, C]
-    return shared_forward(model, shared, targets, temperature=temperature, compute_entropy=compute_entropy)
+    return shared_forward(
+        model,
+        shared,
+        targets,
+        temperature=temperature,
+        compute_entropy=compute_entropy,
+        heed_state=heed_state,
+    )
 
 
 def shared_forward(
@@ -315,17 +335,30 @@ def shared_forward(
     *,
     temperature: float = 1.0,
     compute_entropy: bool = False,
+    heed_state=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The forward over the packed rows, its kept logits gathered back to TRL's ``[B, C]`` layout."""
+    """The forward over the packed rows, its kept logits gathered back to TRL's ``[B, C]`` layout.
+
+    With ``heed_state`` (a Selective Attention model) the state is told the packed rows' padding and which
+    completion each position belongs to (``padding_mask``, ``branches``), so each completion accumulates
+    ``F`` and replays its budgets from the prompt alone; afterwards its ``peak_memory`` is per completion,
+    ``[B]`` per layer in TRL's row order, as a forward over one row per completion records it.
+    """
     from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
+    if heed_state is not None:
+        heed_state.padding_mask, heed_state.branches = shared.valid, shared.branches
     logits = model(
         input_ids=shared.input_ids,
         attention_mask=shared.attention_mask,
         position_ids=shared.position_ids,
         logits_to_keep=shared.logits_to_keep,
         use_cache=False,
+        **({"heed_state": heed_state} if heed_state is not None else {}),
     ).logits  # [R, T - W + 1, V]
+    if heed_state is not None:
+        for layer, peaks in heed_state.peak_memory.items():  # [R, k] -> [B]
+            heed_state.peak_memory[layer] = peaks[shared.row, shared.branch - 1]
     logits = logits[shared.row[:, None], shared.logit_index].float() / temperature  # [B, C, V]
     logps = selective_log_softmax(logits, targets).masked_fill(~shared.real, 0.0)
     if not compute_entropy:

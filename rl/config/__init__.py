@@ -133,12 +133,6 @@ class RunConfig(Section):
         return self.rollout.resolved_engine
 
     def _validate_selective(self):
-        check(
-            self.grpo.share_prompt is not True,
-            "grpo.share_prompt",
-            "Selective Attention accumulates F over every row a query sees, so a shared row would let one "
-            "completion collect another's selections: set false, or null (off for Selective Attention)",
-        )
         budgets = self.selective.budgets
         split = self.selective.search_split
         if self.selective.search_budgets:

@@ -132,8 +132,8 @@ class GRPOSection(Section):
     num_iterations: int = 1  # optimizer passes over each generation batch (TRL's mu)
     scale_rewards: str = "group"  # advantage scaling: group (std per group), batch, none (Dr. GRPO)
     # One trainer forward row per GRPO group, [prompt | c_1 .. c_G], each completion masked to the prompt and
-    # itself: the same log-probs and gradients for ~G x fewer prompt tokens (rl/logprobs.py). null: on, except
-    # for Selective Attention policies (selective.enabled), where true is refused.
+    # itself: the same log-probs and gradients for ~G x fewer prompt tokens (rl/logprobs.py); a Selective
+    # Attention policy's F and evictions too run per completion inside the row. null: on (with the DA mask).
     share_prompt: bool | None = None
     importance_sampling_correction: bool = True  # correct rollout-vs-trainer log-prob mismatch (TRL's vllm_*)
     importance_sampling_mode: str = "token_truncate"  # {token,sequence}_{truncate,mask}: clip or drop ratios

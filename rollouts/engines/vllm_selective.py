@@ -5,15 +5,18 @@ before the softmax -- head 0's accumulated selections, different for every query
 from step to step -- and under per-layer KV budgets each layer masks the tokens it evicted, which
 differ from layer to layer. No block table says either. So, for such a model, the plugin replaces each
 attention layer's ``impl.forward`` with :func:`selective_forward`, which runs the very function the
-trainer and the reference engine run (:mod:`rollouts.selective.attention`) on each request of the batch::
+trainer and the reference engine run (:mod:`rollouts.selective.attention`) over the requests of the batch::
 
     per step (planned in _prepare_inputs, after the DA plan):
         rows = for each request of the batch: its tokens in the flat batch, its first position,
                and, on a masked DA decode row, the keys its mode lets it read (rollouts.masks.visibility)
-    per attention layer, for each row:
-        append the step's keys and values (RoPE applied, as vLLM hands them) to the request's own KV
-        out[row tokens] = selective attention(query rows, every key so far, DA mask or causal,
-                                              state = the request's AttentionState)
+    per attention layer:
+        for each row: append the step's keys and values (RoPE applied, as vLLM hands them) to the
+                      request's own KV
+        the step's fresh prefills, left-padded into one batch:  one selective attention call
+        the step's decode rows, right-aligned into one batch:   one selective attention call
+        (any other row, e.g. a prompt cut by chunked prefill: one call of its own)
+        each with the request's AttentionState read before and written back after
 
 The request's :class:`~rollouts.selective.attention.AttentionState` holds ``F``'s running sums per
 layer and, under budgets, what each layer holds: the prefill replays eviction over the prompt, then each
@@ -30,8 +33,10 @@ Decisions and limits (enforced where they can be; :func:`selective_problems`):
   depends on the ISA: AMX packs it), and no backend kernel takes a per-query bias. So an SA model holds
   its KV twice, and evicted tokens are masked, not freed: the reads are the budget's, the memory is
   not. Freeing needs a kernel that reads a per-layer kept-token table; that is the next step.
-- One Python loop per request per layer: a correctness path for rollouts of small models, not a
-  serving kernel.
+- Per layer, one attention call for the step's prefills and one for its decode rows
+  (:func:`prefill_together`, :func:`decode_together`), but the requests' keys are copied into a padded
+  batch each step and the attention is transformers-level torch, not a paged kernel: a path for rollouts of
+  small models, not a serving kernel.
 - A request's first step must prefill it from position 0: a prefix-cache hit has no query rows to
   select with, so prefix caching is refused, and a prompt cut by chunked prefill fails naming the
   request. A preempted request is prefilled again from scratch, which replays ``F`` and eviction
@@ -52,6 +57,7 @@ import torch
 from rollouts.masks.visibility import visible_keys
 from rollouts.selective.attention import AttentionState, kernel_from_env, selective_attention_forward
 from rollouts.selective.eviction import load_budgets
+from rollouts.selective.mask import MaskAccumulator
 
 SA_KEY = "heed_sa_key"  # extra_args key: the accounting key of a request to a Selective Attention model
 MAX_FINISHED_REPORTS = 65536  # reports kept for the driver to collect
@@ -249,6 +255,7 @@ def selective_forward(
             f"{attn_metadata.num_actual_tokens}"
         )
     module = types.SimpleNamespace(layer_idx=layer_idx)
+    decoding, prefilling = [], []  # (row, request, keys, values): run together below
     for row in rows:
         request = worker.requests[row.req_id]
         tokens = slice(row.start, row.start + row.query_len)
@@ -262,6 +269,12 @@ def selective_forward(
             key[tokens].transpose(0, 1)[None],  # [1, kv_heads, q, d]
             value[tokens].transpose(0, 1)[None],
         )
+        if row.query_len == 1 and row.position > 0:
+            decoding.append((row, request, keys, values))
+            continue
+        if row.position == 0 and row.da_keys is None:
+            prefilling.append((row, request, keys, values))
+            continue
         mask = None
         if row.da_keys is not None:
             mask = torch.from_numpy(row.da_keys).to(query.device).view(1, 1, 1, -1)
@@ -276,9 +289,156 @@ def selective_forward(
             kernel=worker.kernel,
         )
         output[tokens] = out[0].to(output.dtype)  # [q, heads, d]
-        if worker.budgets is not None:  # what each forward that predicts a generated token read
-            reads = request.state.kv_reads[layer_idx][0]  # [q]
-            first = max(request.prompt_len - 1 - row.position, 0)
-            for offset, n in enumerate(reads[first:].tolist(), start=first):
-                request.reads.setdefault(row.position + offset, [0] * worker.num_layers)[layer_idx] = n
+        _record_reads(worker, request, row, layer_idx, request.state.kv_reads[layer_idx][0])
+    if prefilling:
+        outs, reads = prefill_together(
+            layer_idx,
+            [query[row.start : row.start + row.query_len].transpose(0, 1)[None] for row, *_ in prefilling],
+            [(keys, values, request.state) for _, request, keys, values in prefilling],
+            impl.scale,
+            worker.budgets,
+            worker.kernel,
+        )
+        for (row, request, *_), out, row_reads in zip(prefilling, outs, reads):
+            output[row.start : row.start + row.query_len] = out.to(output.dtype)
+            _record_reads(worker, request, row, layer_idx, row_reads)
+    if decoding:
+        starts = [row.start for row, *_ in decoding]
+        out, reads = decode_together(
+            layer_idx,
+            query[starts].unsqueeze(2),  # [R, heads, 1, d]
+            [(keys, values, row.da_keys, request.state) for row, request, keys, values in decoding],
+            impl.scale,
+            worker.budgets,
+        )
+        output[starts] = out.to(output.dtype)
+        for (row, request, *_), n in zip(decoding, reads.tolist()):
+            _record_reads(worker, request, row, layer_idx, [n])
     return output
+
+
+def _record_reads(worker, request, row, layer_idx: int, reads) -> None:
+    """What each forward of ``row`` that predicts a generated token read in this layer (``reads`` ``[q]``)."""
+    if worker.budgets is None:
+        return
+    first = max(request.prompt_len - 1 - row.position, 0)
+    reads = reads.tolist() if isinstance(reads, torch.Tensor) else list(reads)
+    for offset, n in enumerate(reads[first:], start=first):
+        request.reads.setdefault(row.position + offset, [0] * worker.num_layers)[layer_idx] = n
+
+
+def prefill_together(
+    layer_idx: int,
+    queries: list[torch.Tensor],  # [1, heads, n_r, d] each: a whole prompt per request
+    requests: list[tuple[torch.Tensor, torch.Tensor, AttentionState]],
+    scaling: float,
+    budgets: tuple[int, ...] | None,
+    kernel: str = "dense",
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One layer's prefill of ``R`` requests in one call: per request ``out [n_r, heads, d]`` and the keys
+    each of its queries read ``[n_r]``.
+
+    ``requests[r]``: its keys and values ``[1, kv_heads, n_r, d]`` (the prompt's) and its fresh
+    :class:`~rollouts.selective.attention.AttentionState`, which receives the layer's running ``F`` sums and,
+    under budgets, what the layer holds after the prompt. The prompts are right-aligned in one batch
+    (``L = max n_r``, left padding): padding keys are hidden from every query and padding queries see only
+    themselves, as in the trainer's padded forward, and the eviction replay skips them
+    (``AttentionState.padding_mask``). So ``F``, the replayed evictions and the outputs are each prompt's
+    own, and the replay's loop over positions runs once for the batch instead of once per request.
+    """
+    lengths = [q.shape[2] for q in queries]
+    width = max(lengths)
+    first_q, (first_k, *_) = queries[0], requests[0]
+    batch, device = len(queries), first_q.device
+    query = first_q.new_zeros(batch, first_q.shape[1], width, first_q.shape[3])
+    keys = first_k.new_zeros(batch, first_k.shape[1], width, first_k.shape[3])
+    values = keys.clone()
+    real = torch.zeros(batch, width, dtype=torch.bool, device=device)
+    for r, (q, (k, v, _), n) in enumerate(zip(queries, requests, lengths)):
+        query[r, :, width - n :], keys[r, :, width - n :], values[r, :, width - n :] = q[0], k[0], v[0]
+        real[r, width - n :] = True
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(width, dtype=torch.bool, device=device)
+    visible = (causal & real[:, None, :] & real[:, :, None]) | (eye & ~real[:, :, None])  # [R, L, L]
+    together = AttentionState(budgets=budgets, padding_mask=real)
+    out, _ = selective_attention_forward(
+        types.SimpleNamespace(layer_idx=layer_idx),
+        query,
+        keys,
+        values,
+        visible[:, None],
+        scaling=scaling,
+        heed_state=together,
+        kernel=kernel,
+    )  # [R, L, heads, d]
+    total = together.accumulators[layer_idx].total  # [R, L]
+    reads = together.kv_reads[layer_idx]  # [R, L]
+    outs, row_reads = [], []
+    for r, ((_, _, state), n) in enumerate(zip(requests, lengths)):
+        state.accumulators[layer_idx] = MaskAccumulator()
+        state.accumulators[layer_idx].total = total[r : r + 1, width - n :]
+        if budgets is not None:
+            state.held[layer_idx] = together.held[layer_idx][r : r + 1, width - n :]
+        outs.append(out[r, width - n :])
+        row_reads.append(reads[r, width - n :])
+    return outs, row_reads
+
+
+def decode_together(
+    layer_idx: int,
+    query: torch.Tensor,  # [R, heads, 1, d]: one arriving token per request
+    requests: list[tuple[torch.Tensor, torch.Tensor, np.ndarray | None, AttentionState]],
+    scaling: float,
+    budgets: tuple[int, ...] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step of one layer for ``R`` requests in one call: ``(out [R, heads, d], reads [R])``.
+
+    ``requests[r]``: request ``r``'s keys and values so far ``[1, kv_heads, n_r, d]`` (the arriving token's
+    last), the keys its DA mode lets it read (``[n_r]`` bool, or None) and its
+    :class:`~rollouts.selective.attention.AttentionState`, whose running ``F`` sums and held tokens for the
+    layer are read and written back. The requests are right-aligned in one ``[R, kv_heads, L, d]`` batch
+    (``L = max n_r``): each arriving token is the last key, as Selective Attention's query over a cache
+    expects, and the padding in front is hidden by the attention mask, so it is neither attended, selected
+    nor held. The same function as one request at a time (:func:`selective_attention_forward`), one call
+    instead of ``R``.
+    """
+    lengths = [keys.shape[2] for keys, *_ in requests]
+    width = max(lengths)
+    first = requests[0][0]
+    batch, kv_heads, head_dim = len(requests), first.shape[1], first.shape[3]
+    keys = first.new_zeros(batch, kv_heads, width, head_dim)
+    values = first.new_zeros(batch, kv_heads, width, head_dim)
+    visible = torch.zeros(batch, width, dtype=torch.bool, device=first.device)
+    total = torch.zeros(batch, width - 1, dtype=torch.float32, device=first.device)
+    held = torch.zeros(batch, width - 1, dtype=torch.bool, device=first.device) if budgets else None
+    for r, ((k, v, da_keys, state), n) in enumerate(zip(requests, lengths)):
+        pad = width - n
+        keys[r, :, pad:] = k[0]
+        values[r, :, pad:] = v[0]
+        visible[r, pad:] = True if da_keys is None else torch.from_numpy(da_keys).to(first.device)
+        accumulator = state.accumulators.get(layer_idx)
+        if accumulator is None or accumulator.total is None or accumulator.total.shape[-1] != n - 1:
+            raise RuntimeError("decoding continues a prefill run with the same AttentionState")
+        total[r, pad:] = accumulator.total[0]
+        if held is not None:
+            held[r, pad:] = state.held[layer_idx][0]
+    together = AttentionState(budgets=budgets)
+    together.accumulators[layer_idx] = MaskAccumulator()
+    together.accumulators[layer_idx].total = total
+    if held is not None:
+        together.held[layer_idx] = held
+    out, _ = selective_attention_forward(
+        types.SimpleNamespace(layer_idx=layer_idx),
+        query,
+        keys,
+        values,
+        visible[:, None, None, :],
+        scaling=scaling,
+        heed_state=together,
+    )
+    total = together.accumulators[layer_idx].total  # [R, L]
+    for r, ((_, _, _, state), n) in enumerate(zip(requests, lengths)):
+        state.accumulators[layer_idx].total = total[r : r + 1, width - n :]
+        if held is not None:
+            state.held[layer_idx] = together.held[layer_idx][r : r + 1, width - n :]
+    return out[:, 0], together.kv_reads[layer_idx][:, 0]

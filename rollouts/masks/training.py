@@ -18,7 +18,9 @@ key's chunk id), then indexed by the query's state. Two forms:
 
 Group-shared rows (:func:`shared_mask_batch`, ``[prompt | c_1 | ... | c_G]``: one prompt forward for a
 GRPO group) are the same tensors: each completion brings its own states, whose key rows hide the other
-completions, so neither form needs a second visibility rule.
+completions, so neither form needs a second visibility rule. ``branches`` says which completion each
+position belongs to: Selective Attention, whose ``F`` sums over every earlier row, needs it to keep one
+completion's selections out of another's (:class:`rollouts.selective.attention.AttentionState`).
 
 Both carry causality and padding themselves (transformers passes a 4D mask through untouched).
 Padding rows attend to themselves only, so SDPA never sees an all-masked row (which gives NaN).
@@ -44,6 +46,9 @@ class MaskBatch:
     query_state: torch.Tensor  # [B, T] int64: state index of each query position (0 = global)
     valid: torch.Tensor  # [B, T] bool: real (non-padding) positions
     position_ids: torch.Tensor  # [B, T] int64: 0-based positions of real tokens, as the engine numbers them
+    branches: (
+        torch.Tensor
+    )  # [B, T] int64: 0 on the prompt (and padding before it), j on completion j, -1 after
 
 
 def mask_batch(traces: Sequence[CompletionTrace], prompt_starts: Sequence[int], seq_len: int) -> MaskBatch:
@@ -77,6 +82,7 @@ def shared_mask_batch(
     query_state = np.zeros((batch, seq_len), dtype=np.int64)
     valid = np.zeros((batch, seq_len), dtype=bool)
     position_ids = np.zeros((batch, seq_len), dtype=np.int64)
+    branches = np.full((batch, seq_len), -1, dtype=np.int64)
     for b, (group, start) in enumerate(zip(groups, prompt_starts)):
         layout = group[0].layout
         if any(t.layout != layout for t in group):
@@ -91,8 +97,9 @@ def shared_mask_batch(
         key_chunk[start : start + p] = layout.chunk_of_token
         position_ids[b, start : start + p] = np.arange(p)
         valid[b, start:end] = True
+        branches[b, : start + p] = 0
         first_state, offset = 0, start + p  # this completion's first state index and first token
-        for trace in group:
+        for branch, trace in enumerate(group, start=1):
             n, s = len(trace.row_state), len(trace.states)
             keys = state_visibility(trace.states, layout.num_chunks)[:, key_chunk]  # [s, T]
             keys[:, start + p : offset] = False  # earlier completions' tokens
@@ -100,12 +107,14 @@ def shared_mask_batch(
             state_keys[b, first_state : first_state + s] = keys
             query_state[b, offset : offset + n] = first_state + trace.row_state
             position_ids[b, offset : offset + n] = np.arange(p, p + n)
+            branches[b, offset : offset + n] = branch
             first_state, offset = first_state + s, offset + n
     return MaskBatch(
         torch.from_numpy(state_keys),
         torch.from_numpy(query_state),
         torch.from_numpy(valid),
         torch.from_numpy(position_ids),
+        torch.from_numpy(branches),
     )
 
 

@@ -66,7 +66,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .constants import KERNEL_ENV, KERNELS, SELECTIVE, STANDARD, SUPPORTED_MODEL_TYPES
 from .eviction import evict_index, selective_keep_mask
-from .mask import MaskAccumulator, causal_visibility, effective_memory
+from .mask import MaskAccumulator, accumulated_mask, causal_visibility, effective_memory
 
 
 @dataclass
@@ -92,6 +92,11 @@ class AttentionState:
     - ``record_attention``: record ``attention[layer]`` ``[b, q, kv]``, the softmax probabilities averaged
       over heads (the H2O / TOVA eviction scores).
     - ``kv_reads[layer]`` ``[b, q]``: the keys each query read, always recorded.
+    - ``branches`` ``[b, n]``: a full forward over rows that pack a shared prefix and its continuations
+      (0 on the prefix, ``j`` on continuation ``j``, -1 on padding after them: a GRPO group's prompt run once,
+      ``rl/logprobs.py``). Each continuation accumulates ``F`` and replays eviction from the prefix alone
+      (:func:`rollouts.selective.mask.branched_shifted_cumsum`), as in a row of its own; ``peak_memory[layer]``
+      is then ``[b, k]``, continuation ``j``'s peak over the prefix and its own rows in column ``j - 1``.
     """
 
     accumulators: dict[int, MaskAccumulator] = field(default_factory=dict)
@@ -103,6 +108,7 @@ class AttentionState:
     record_attention: bool = False
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
     kv_reads: dict[int, torch.Tensor] = field(default_factory=dict)
+    branches: torch.Tensor | None = None
 
 
 def _mask_view(attention_mask: torch.Tensor, kv: int) -> torch.Tensor:
@@ -128,6 +134,8 @@ def _selective_mask(module, query, key, visible, scaling, state: AttentionState 
     q_len, kv_len = query.shape[2], key.shape[2]
     layer = module.layer_idx
     head0 = _head0_logits(query, key, scaling)  # [b, q, kv]
+    if state is not None and state.branches is not None:
+        return _branched_mask(state, layer, head0, visible)
     if q_len == kv_len:  # nothing cached before these queries: the sequence starts here
         accumulator = MaskAccumulator()
         if state is not None:
@@ -159,6 +167,31 @@ def _selective_mask(module, query, key, visible, scaling, state: AttentionState 
         else:
             keep = _arrive(state, layer, mask)[:, None]  # [b, 1, kv]
         visible = visible & keep
+    return mask, visible
+
+
+def _branched_mask(state: AttentionState, layer: int, head0: torch.Tensor, visible: torch.Tensor) -> tuple:
+    """:func:`_selective_mask` over rows packing a prefix and its continuations (``state.branches``)."""
+    branches = state.branches
+    if head0.shape[-2] != head0.shape[-1] or branches.shape != head0.shape[:2]:
+        raise ValueError(
+            f"AttentionState.branches {tuple(branches.shape)} needs a full forward over the same rows "
+            f"(queries = keys = {head0.shape[-1]}), not decoding over a cache"
+        )
+    mask = accumulated_mask(head0, visible, branches)
+    if state.tau is not None:
+        memory = effective_memory(mask, visible, state.tau)  # [b, n]
+        prefix = branches == 0
+        state.peak_memory[layer] = torch.stack(
+            [memory.masked_fill(~(prefix | (branches == j)), -torch.inf).amax(-1)
+             for j in range(1, max(int(branches.max()), 1) + 1)],
+            -1,
+        )  # fmt: skip
+    if state.budgets is not None:
+        real = state.padding_mask
+        if real is None:
+            real = visible.diagonal(dim1=-2, dim2=-1).expand(mask.shape[0], mask.shape[-1])
+        visible = visible & selective_keep_mask(mask, state.budgets[layer], real, branches)
     return mask, visible
 
 
@@ -243,7 +276,8 @@ def _use_kernel(kernel: str, query, attention_mask, dropout, state: AttentionSta
     """Whether this prefill runs on the fused kernel (``kernel="triton"``).
 
     Only a forward over a fresh sequence on CUDA (or Triton's interpreter) with a bool mask (or none) and
-    without dropout, replayed budgets or attention reporting: those need ``F`` or a float bias.
+    without dropout, replayed budgets, attention reporting or branches: those need ``F`` or a float bias, or
+    accumulate ``F`` in a way the kernel does not.
     """
     if kernel != "triton" or dropout or (attention_mask is not None and attention_mask.dtype != torch.bool):
         return False
@@ -251,7 +285,7 @@ def _use_kernel(kernel: str, query, attention_mask, dropout, state: AttentionSta
 
     if not kernel.runs_on(query):
         return False
-    return state is None or (state.budgets is None and not state.record_attention)
+    return state is None or (state.budgets is None and not state.record_attention and state.branches is None)
 
 
 def _attention(

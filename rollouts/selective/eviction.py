@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from .constants import CONFIG_KEY, MIN_BUDGET
+from .mask import branch_starts
 
 
 @dataclass
@@ -116,33 +117,74 @@ def evict_index(scores: torch.Tensor, evictable: torch.Tensor) -> torch.Tensor:
 
 
 def selective_keep_mask(
-    mask: torch.Tensor, budget: int, padding_mask: torch.Tensor | None = None
+    mask: torch.Tensor,
+    budget: int,
+    padding_mask: torch.Tensor | None = None,
+    branches: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[b, n, n]`` bool: which keys each query of one layer still holds under budget ``K``.
 
     ``mask``: the layer's ``F`` ``[b, n, n]``; ``padding_mask`` ``[b, n]`` (True = real token; padding
     never enters the cache, and <BOS> is each row's first real token). Row ``i`` is the held set when
     token ``i`` attends (it includes ``i``): the paper's greedy eviction replayed position by position.
+
+    ``branches`` ``[b, n]``: rows packing a shared prefix and its continuations
+    (:func:`rollouts.selective.mask.branched_shifted_cumsum`: 0 on the prefix, ``j`` on branch ``j``, -1
+    on padding after them; the prefix ends at the same position in every row, as a batch of prompts
+    left-padded to one width does). Each branch starts from what the layer held at the end of the prefix,
+    as a continuation decoded on its own does; ``mask`` is then the branched ``F``. The branches of every
+    row are replayed side by side, so the steps after the prefix are the longest branch's, not their sum.
+    Padding after the branches holds nothing.
     """
     b, n, _ = mask.shape
     if budget < MIN_BUDGET:
         raise ValueError(f"budget must be >= {MIN_BUDGET}, got {budget}")
-    real = (
-        torch.ones(b, n, dtype=torch.bool, device=mask.device)
-        if padding_mask is None
-        else padding_mask.to(device=mask.device, dtype=torch.bool)
-    )
-    rows = torch.arange(b, device=mask.device)
+    device = mask.device
+    real = torch.ones(b, n, dtype=torch.bool, device=device)
+    if padding_mask is not None:
+        real = padding_mask.to(device=device, dtype=torch.bool)
     bos = real.int().argmax(-1)  # [b]
-    held = torch.zeros(b, n, dtype=torch.bool, device=mask.device)
-    keep = torch.zeros(b, n, n, dtype=torch.bool, device=mask.device)
-    for i in range(n):
-        arriving = real[:, i]
-        full = arriving & (held.sum(-1) >= budget)  # [b]
-        evictable = held.clone()
-        evictable[rows, bos] = False
-        victim = evict_index(mask[:, i], evictable)
-        held[rows[full], victim[full]] = False
-        held[:, i] = arriving
+    prefix = n
+    if branches is not None:
+        branches = branches.to(device)
+        prefix = int((branches == 0).all(0).int().cumprod(0).sum())  # positions 0 .. prefix - 1
+        if (branches[:, prefix:] == 0).any():
+            raise ValueError("branches: the shared prefix must end at the same position in every row")
+    keep = torch.zeros(b, n, n, dtype=torch.bool, device=device)
+    # Until some row holds K tokens nothing is evicted: every real token so far is held (one op, not a step
+    # per token)
+    calm = min(prefix, int((real.cumsum(-1) <= budget).all(0).int().cumprod(0).sum()))
+    causal = torch.ones(calm, calm, dtype=torch.bool, device=device).tril()
+    keep[:, :calm, :calm] = real[:, None, :calm] & causal
+    held = torch.zeros(b, n, dtype=torch.bool, device=device)
+    held[:, :calm] = real[:, :calm]
+    for i in range(calm, prefix):
+        held = _arrive_one(held, mask[:, i], real[:, i], torch.full_like(bos, i), budget, bos)
         keep[:, i] = held
+    if branches is None:
+        return keep
+    # Every (row, branch) continues from its row's prefix state: one sequence each, stepped together.
+    row, first = branch_starts(branches).nonzero(as_tuple=True)  # [S]: each branch's row and first position
+    length = (branches[row] == branches[row, first][:, None]).sum(-1)  # [S] tokens of each branch
+    held = held[row]  # [S, n]
+    for step in range(int(length.max()) if len(row) else 0):
+        live = step < length
+        at = (first + step).clamp(max=n - 1)  # [S] each branch's position at this step
+        held = _arrive_one(held, mask[row, at], real[row, at] & live, at, budget, bos[row])
+        keep[row[live], at[live]] = held[live]
     return keep
+
+
+def _arrive_one(held, f_row, arriving, position, budget: int, bos) -> torch.Tensor:
+    """One greedy step for ``s`` sequences: ``held`` ``[s, n]``, the arriving tokens' ``F`` rows ``f_row``
+    ``[s, n]``, whether each is real (``arriving`` ``[s]``), at ``position`` ``[s]``. A full sequence
+    evicts its most-masked held token (never <BOS>, ``bos`` ``[s]``), then the arriving token enters."""
+    rows = torch.arange(held.shape[0], device=held.device)
+    full = arriving & (held.sum(-1) >= budget)
+    evictable = held.clone()
+    evictable[rows, bos] = False
+    victim = evict_index(f_row, evictable)
+    held = held.clone()
+    held[rows[full], victim[full]] = False
+    held[rows, position] |= arriving
+    return held

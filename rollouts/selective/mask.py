@@ -27,6 +27,10 @@ Beyond the paper (needed by a real pipeline, identical to it on an unpadded caus
   diagonal; the <BOS> column is the first key each query can see (column 0 without padding).
 - Queries are the *last* ``q`` of ``kv`` keys (bottom-right alignment, as with a KV cache): query row
   ``r`` is key ``kv - q + r``. With ``q == kv`` this is the square paper form.
+- ``branches`` -- rows that pack one shared prefix and several continuations, ``[prefix | c_1 | ... |
+  c_k]`` (a GRPO group's prompt and its completions, run once: ``rl/logprobs.py``). A query of ``c_j``
+  accumulates ``S`` over the prefix's rows and ``c_j``'s earlier rows only, so each continuation's ``F``
+  is the one it has in a row of its own (:func:`branched_shifted_cumsum`).
 - :class:`MaskAccumulator` -- the streaming form for decoding. Per layer it keeps one running sum per
   key, ``total[j] = sum of S[k, j]`` over the queries seen so far (``O(n)`` state, not ``O(n^2)``); the
   ``F`` row of the next query *is* that running sum. It is compacted together with the KV cache when
@@ -90,12 +94,51 @@ def _shifted_cumsum(s: torch.Tensor) -> torch.Tensor:
     return F_nn.pad(s[..., :-1, :].cumsum(-2), (0, 0, 1, 0))
 
 
-def accumulated_mask(head0_logits: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+def branch_starts(branches: torch.Tensor) -> torch.Tensor:
+    """``[b, n]`` bool: the first position of each branch (see :func:`branched_shifted_cumsum`)."""
+    changes = F_nn.pad(branches[:, :-1] != branches[:, 1:], (1, 0), value=True)
+    return (branches > 0) & changes
+
+
+def branched_shifted_cumsum(s: torch.Tensor, branches: torch.Tensor) -> torch.Tensor:
+    """:func:`_shifted_cumsum` within branches: row ``i`` sums the earlier rows of the shared prefix and of
+    its own branch, ``out[b, i] = sum_{k < i, branches[b, k] in (0, branches[b, i])} s[b, k]``.
+
+    ``s`` ``[b, n, m]``; ``branches`` ``[b, n]`` int: 0 on the shared prefix, ``j >= 1`` on branch ``j``'s rows
+    (each branch contiguous, after the prefix), -1 on padding after them. Padding rows get the plain sum
+    (nobody reads them). One cumulative sum and one gather of rows: the sum up to row ``i`` minus what the
+    other branches between the prefix and ``i``'s branch added, ``out[i] = C[i] - (C[start(i)] - C[p])``
+    with ``C`` the plain shifted sum, ``start(i)`` the first row of ``i``'s branch and ``p`` the first row
+    after the prefix.
+
+    >>> s = torch.tensor([[[1.0], [2.0], [4.0], [8.0], [16.0]]])   # prefix rows 0-1, branches 1 and 2
+    >>> branched_shifted_cumsum(s, torch.tensor([[0, 0, 1, 1, 2]]))[0, :, 0].tolist()
+    [0.0, 1.0, 3.0, 7.0, 3.0]
+    """
+    b, n = branches.shape
+    total = _shifted_cumsum(s)  # [b, n, m]
+    positions = torch.arange(n, device=s.device).expand(b, n)
+    in_branch = branches > 0
+    # first row of each row's branch: the latest branch start at or before it (a running max of positions)
+    start = torch.where(branch_starts(branches), positions, 0).cummax(-1).values  # [b, n]
+    prefix_end = torch.where(in_branch, positions, n).amin(-1, keepdim=True).clamp(max=n - 1)  # [b, 1]
+
+    def rows(index: torch.Tensor) -> torch.Tensor:  # [b, n] row numbers -> those rows of total
+        return total.gather(1, index[..., None].expand(b, n, s.shape[-1]))
+
+    others = rows(start) - rows(prefix_end.expand(b, n))
+    return total - torch.where(in_branch[..., None], others, 0.0)
+
+
+def accumulated_mask(
+    head0_logits: torch.Tensor, visible: torch.Tensor | None = None, branches: torch.Tensor | None = None
+) -> torch.Tensor:
     """``F`` ``[..., n, n]`` (float32) from head 0's raw logits ``[..., n, n]`` (query rows, key columns).
 
     ``F[..., i, j] = sum_{k < i} S[..., k, j]`` with ``S`` from :func:`selection_matrix`, exactly the
     paper's reference code on an unpadded causal sequence. ``visible``: optional attention mask
-    (bool, broadcastable, True = may attend), e.g. padding or Declarative Attention chunks.
+    (bool, broadcastable, True = may attend), e.g. padding or Declarative Attention chunks. ``branches``
+    ``[b, n]``: rows packing a shared prefix and its continuations (:func:`branched_shifted_cumsum`).
     """
     n, m = head0_logits.shape[-2:]
     if n != m:
@@ -103,7 +146,8 @@ def accumulated_mask(head0_logits: torch.Tensor, visible: torch.Tensor | None = 
             f"accumulated_mask needs square logits [..., n, n], got [..., {n}, {m}]; "
             "use MaskAccumulator for queries over a KV cache"
         )
-    return _shifted_cumsum(selection_matrix(head0_logits, visible))
+    s = selection_matrix(head0_logits, visible)
+    return _shifted_cumsum(s) if branches is None else branched_shifted_cumsum(s, branches)
 
 
 class MaskAccumulator:

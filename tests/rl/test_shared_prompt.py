@@ -216,21 +216,73 @@ def test_a_mask_that_lets_completion_2_see_completion_1_fails_the_parity_check(s
     assert parity_gap(leaked, ref, others) <= 1e-5  # nothing else moved
 
 
-def test_share_prompt_is_validated_and_refused_for_selective_attention(small_model):
-    """``grpo.share_prompt``: a bool or null (on where it applies); Selective Attention refuses true, in the
-    config and in the trainer, with the key in the message."""
+@pytest.fixture
+def selective_model(small_model, selective_attention):
+    from rollouts.selective.attention import SELECTIVE
+
+    model = copy.deepcopy(small_model).train()
+    model.config.selective_attention = True
+    model.set_attn_implementation(SELECTIVE)
+    return model
+
+
+def selective_run(model, input_ids, traces, c_width, shared=None):
+    """``(log-probs [B, C], L_mem, parameter gradients)`` of one GRPO-like loss under KV budgets and L_mem:
+    one row per completion, or the packed rows ``shared``."""
+    from rl.selective.losses import recorded_memory_loss
+    from rollouts.selective.attention import AttentionState
+
+    real = real_tokens(traces, c_width)
+    width = input_ids.size(1) - c_width
+    padding = torch.zeros(input_ids.shape, dtype=torch.bool)  # TRL's attention mask
+    for b, trace in enumerate(traces):
+        padding[b, width - trace.layout.prompt_len : width + len(trace.row_state)] = True
+    state = AttentionState(budgets=(24, 16), padding_mask=padding, tau=1.0)  # prompts are 100+ tokens
+    model.zero_grad(set_to_none=True)
+    if shared is None:
+        logps, _ = masked_completion_logps(model, input_ids, traces, c_width, heed_state=state)
+    else:
+        logps, _ = shared_forward(model, shared, targets(input_ids, c_width), heed_state=state)
+    logps = logps.masked_fill(~real, 0.0)
+    memory = recorded_memory_loss(state, padding.sum(-1), 0.1)
+    (logps.sum() + memory).backward()
+    return logps.detach(), memory.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_selective_policy_shares_the_prompt_with_each_completions_own_f(selective_model, batch):
+    """A Selective Attention policy under KV budgets and L_mem: the shared rows give each completion the
+    log-probs, the memory loss and the gradients of its own row, though F sums over every earlier row and
+    the budgets evict by F. The same shared rows with every completion in one branch (F and the evictions
+    carried from one completion into the next: the leak the branches prevent) fail the same check."""
+    input_ids, traces, c_width = batch
+    shared = share_prompts(input_ids, traces, c_width, "heed_selective")
+    ref_logps, ref_memory, ref_grads = selective_run(selective_model, input_ids, traces, c_width)
+    logps, memory, grads = selective_run(selective_model, input_ids, traces, c_width, shared)
+    real = real_tokens(traces, c_width)
+    assert parity_gap(logps, ref_logps, real) <= 1e-5
+    assert abs(memory.item() - ref_memory.item()) <= 1e-6 * abs(ref_memory.item())
+    for name, ref in ref_grads.items():
+        assert ((grads[name] - ref).norm() / ref.norm()).item() <= 1e-4, name
+
+    one_branch = dataclasses.replace(
+        shared, branches=shared.branches.clamp(max=1), branch=torch.ones_like(shared.branch)
+    )
+    leaked, _, _ = selective_run(selective_model, input_ids, traces, c_width, one_branch)
+    assert parity_gap(leaked, ref_logps, real) > 1e-3
+    first = [g[0] for g in prompt_groups(traces)]  # each row's first completion has nothing before it to leak
+    later = real.clone()
+    later[first] = False
+    assert parity_gap(leaked, ref_logps, real & ~later) <= 1e-5
+
+
+def test_share_prompt_is_validated_and_accepted_for_selective_attention():
+    """``grpo.share_prompt``: a bool or null (on), with the key in the message; a Selective Attention run
+    takes either value."""
     from rl.config import ConfigError, load_run_config
-    from rl.grpo import HeedGRPOTrainer
 
     assert load_run_config(None).grpo.share_prompt is None
     with pytest.raises(ConfigError, match=r"grpo\.share_prompt: must be true or false"):
         load_run_config(None, ["grpo.share_prompt=sometimes"])
-    assert (
-        load_run_config("configs/tiny-selective.yaml", ["grpo.share_prompt=false"]).grpo.share_prompt is False
-    )
-    with pytest.raises(ConfigError, match=r"grpo\.share_prompt: Selective Attention accumulates F"):
-        load_run_config("configs/tiny-selective.yaml", ["grpo.share_prompt=true"])
-    selective = copy.deepcopy(small_model)
-    selective.config.selective_attention = True
-    with pytest.raises(ValueError, match=r"^grpo\.share_prompt: Selective Attention"):
-        HeedGRPOTrainer(model=selective, rollout=None, share_prompt=True)
+    for value in ("true", "false"):
+        config = load_run_config("configs/tiny-selective.yaml", [f"grpo.share_prompt={value}"])
+        assert config.grpo.share_prompt is (value == "true")

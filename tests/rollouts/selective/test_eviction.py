@@ -112,3 +112,24 @@ def test_policies_score_what_their_papers_say():
     assert evict_index(SelectiveEviction().scores(held), evictable).item() == 1  # most masked
     assert evict_index(H2OEviction().scores(held), evictable).item() == 3  # least attention mass
     assert evict_index(TOVAEviction().scores(held), evictable).item() == 1  # least recent attention
+
+
+@pytest.mark.parametrize("budget", [2, 4, 7])
+def test_branched_keep_mask_replays_each_branch_from_the_prefix(budget):
+    """Rows ``[prefix | b_1 | b_2 | b_3]`` (left padding in one of them): every branch holds what the greedy
+    reference holds over ``prefix + branch`` alone, starting from what the prefix left."""
+    from .test_mask import branched_layout
+
+    ids, visible = branched_layout(6, [5, 3, 4])
+    n = len(ids)
+    torch.manual_seed(budget)
+    f = accumulated_mask(torch.randn(2, n, n) * 2, visible, ids.expand(2, n))
+    real = torch.ones(2, n, dtype=torch.bool)
+    real[1, :2] = False  # left padding inside the prefix
+    keep = selective_keep_mask(f, budget, real, ids.expand(2, n))
+    for b in range(2):
+        for j in (1, 2, 3):
+            alone = ((ids == 0) | (ids == j)).nonzero().flatten()
+            expected = reference_keep(f[b][alone][:, alone].tolist(), budget, real[b][alone].tolist())
+            got = [{int(alone[k]) for k in row} for row in expected]
+            assert as_sets(keep[b][alone]) == got, f"row {b} branch {j}"

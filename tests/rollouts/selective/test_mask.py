@@ -206,3 +206,32 @@ def test_memory_loss_bad_input():
         memory_loss(hand_masks(), torch.ones(1, 5))
     with pytest.raises(ValueError, match="real token"):
         memory_loss(hand_masks(), torch.zeros(1, 4))
+
+
+def branched_layout(prefix: int, branches: list[int]):
+    """``(ids [n], visible [n, n])`` of a row ``[prefix | b_1 | ... | b_k]`` whose branches cannot see each
+    other (a GRPO group's prompt and completions in one row)."""
+    ids = torch.tensor([0] * prefix + [j for j, n in enumerate(branches, start=1) for _ in range(n)])
+    own = (ids[:, None] == ids[None, :]) | (ids[None, :] == 0)
+    return ids, own & torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prefix=st.integers(1, 6),
+    branches=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_branched_f_is_each_branch_in_a_row_of_its_own(prefix, branches, seed):
+    """Each branch's F over the prefix and its own keys is the loop reference's F of ``prefix + branch``
+    alone; keys of the other branches stay unmasked."""
+    ids, visible = branched_layout(prefix, branches)
+    logits = torch.randn(len(ids), len(ids), generator=torch.Generator().manual_seed(seed)) * 2
+    f = accumulated_mask(logits[None], visible[None], ids[None])[0]
+    for j in range(1, len(branches) + 1):
+        alone = ((ids == 0) | (ids == j)).nonzero().flatten()
+        sub_logits, sub_visible, sub_f = (t[alone][:, alone] for t in (logits, visible, f))
+        expected = torch.tensor(reference_mask(sub_logits.tolist(), sub_visible.tolist()))
+        torch.testing.assert_close(sub_f, expected, atol=1e-5, rtol=1e-5)
+        others = (ids != 0) & (ids != j)
+        assert (f[ids == j][:, others] == 0).all()
