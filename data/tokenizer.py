@@ -25,17 +25,15 @@ from importlib import resources
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from rollouts.protocol.parser import PROTOCOL_TAG_TOKENS
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (not special) tokens: they decode to their text, as Qwen3's do.
 ADDED_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-# The DA protocol's tags as added tokens (``protocol_tokens``): a focus tag is its opening, the chunk ids
-# (BPE) and ``">``. Not ``">`` itself: an added token matches anywhere, and ``">`` is common in HTML and JSON,
-# so adding it would change how text without tags tokenizes.
-PROTOCOL_TOKENS = [
-    *(f"<{mode}>" for mode in ("global", "local", "index", "answer")),
-    *(f"</{mode}>" for mode in ("global", "local", "index", "answer", "focus")),
-    '<focus magic_chunks="',
-]
+# The DA protocol's tags as added tokens (``protocol_tokens``), as the parser spells them: a focus tag is its
+# opening, the chunk ids (BPE) and ``">``. Not ``">`` itself: an added token matches anywhere, and ``">`` is
+# common in HTML and JSON, so adding it would change how text without tags tokenizes.
+PROTOCOL_TOKENS = list(PROTOCOL_TAG_TOKENS)
 
 # A ChatML template with tools, tool calls, tool results and Qwen3's `enable_thinking` switch.
 CHAT_TEMPLATE = """\

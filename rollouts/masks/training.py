@@ -46,9 +46,7 @@ class MaskBatch:
     query_state: torch.Tensor  # [B, T] int64: state index of each query position (0 = global)
     valid: torch.Tensor  # [B, T] bool: real (non-padding) positions
     position_ids: torch.Tensor  # [B, T] int64: 0-based positions of real tokens, as the engine numbers them
-    branches: (
-        torch.Tensor
-    )  # [B, T] int64: 0 on the prompt (and padding before it), j on completion j, -1 after
+    branches: torch.Tensor  # [B, T] int64: 0 on the prompt and padding before it, j on completion j, -1 after
 
 
 def mask_batch(traces: Sequence[CompletionTrace], prompt_starts: Sequence[int], seq_len: int) -> MaskBatch:

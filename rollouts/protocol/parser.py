@@ -134,6 +134,14 @@ _INDEX_TAGS = ("<index>", "</index>")  # read from version 3 on; plain text befo
 _ANSWER_TAGS = ("<answer>", "</answer>")
 _THINK_TAGS = ("<think>", "</think>")
 _FOCUS_HEAD = "<focus"
+# The protocol's markup as a tokenizer can add it, one token each (data/tokenizer.py ``protocol_tokens``):
+# every whole tag some version reads except a focus tag, which is its opening, the chunk ids and ``">``.
+# The order fixes the tokens' ids in a tokenizer built from it: append, never reorder.
+PROTOCOL_TAG_TOKENS = (
+    *(f"<{mode}>" for mode in (GLOBAL, LOCAL, INDEX, "answer")),
+    *(f"</{mode}>" for mode in (GLOBAL, LOCAL, INDEX, "answer", FOCUS)),
+    '<focus magic_chunks="',
+)
 # Every tag name some version reads (documents are neutralized against all of them: contract 6)
 TAG_NAMES = (GLOBAL, FOCUS, LOCAL, INDEX, "answer", "think")
 _CHUNKS_ATTR = re.compile(r"""magic_chunks\s*=\s*(?:"([^"]*)"|'([^']*)')""")

@@ -69,3 +69,19 @@ def test_protocol_tokens_add_the_tags_alone_and_survive_a_save(tagged_tokenizer,
     ids = tagged_tokenizer(TRACE, add_special_tokens=False)["input_ids"]
     assert loaded(TRACE, add_special_tokens=False)["input_ids"] == ids and len(ids) == 16
     assert loaded.decode(ids) == TRACE
+
+
+def test_protocol_tokens_are_the_parsers_tags_in_the_recorded_order(tagged_tokenizer, tokenizer):
+    """The tokens come from the parser's own tags (rollouts/protocol/parser.py), one of each whole tag it
+    reads; their order is the one the recorded runs were built with, which fixes the tokens' ids."""
+    from rollouts.protocol import parser
+
+    whole = {*parser._MODE_TAGS, *parser._CLOSE_TAGS, *parser._ANSWER_TAGS}
+    assert set(PROTOCOL_TOKENS[:-1]) == whole and len(PROTOCOL_TOKENS) == len(whole) + 1
+    assert PROTOCOL_TOKENS[-1].startswith(parser._FOCUS_HEAD)
+    assert PROTOCOL_TOKENS == [
+        "<global>", "<local>", "<index>", "<answer>", "</global>", "</local>", "</index>", "</answer>", "</focus>",
+        '<focus magic_chunks="',
+    ]  # fmt: skip
+    ids = tagged_tokenizer.convert_tokens_to_ids(PROTOCOL_TOKENS)
+    assert ids == list(range(len(tokenizer), len(tokenizer) + len(PROTOCOL_TOKENS)))
