@@ -11,11 +11,16 @@ Nothing is derived here. The completion's token ids go through ``build_trajector
              "kv_bytes": ..., "kv_bytes_vanilla": ...,          KVShape x tokens (every layer, K and V)
              "mode_mix": {"global": 9, "focus": 7, "local": 4}, generated tokens by the mode they were
                                                                  predicted under
-             "violations": [], "answer": "42", "protocol_version": 2}
+             "violations": [], "answer": "42", "protocol_version": 2,
+             "kv_tokens_per_layer": null, "kv_peak_per_layer": null}
 
-Left out: Selective Attention eviction (a budgeted export reads less than the DA trace says in every mode;
-its per-layer reads are in the workers and are not collected here). A streamed response gets the same
-record on its final event (``rl/serving/streaming.py``).
+A Selective Attention export under budgets evicts in every mode, so the DA trace overstates what it reads.
+The middleware collects each request's per-layer reads from the worker (``heed_sa_reports``, keyed by
+``SA_KEY``) and passes them here, as the rollout engine passes them to its trajectories; then ``kv_tokens`` is
+the mean over layers of what each layer read, summed over decoding steps (``Trajectory.kv_tokens_read``,
+what ``heed eval`` sums), ``kv_tokens_per_layer`` each layer's own sum and ``kv_peak_per_layer`` the most
+any decoding step read in that layer: the KV it held, at most its budget. Both are ``null`` for a standard
+export. A streamed response gets the same record on its final event (``rl/serving/streaming.py``).
 
 The Prometheus series live in the API server's process registry, which vLLM's ``/metrics`` serves (with
 ``--api-server-count > 1`` vLLM switches to its multiprocess registry, which prometheus_client also
@@ -68,13 +73,22 @@ def request_accounting(
     token_table: list[bytes],
     kv_shape: KVShape,
     finish_reason: str | None = "stop",
+    kv_tokens_per_layer: list[list[int]] | None = None,
 ) -> dict[str, Any]:
-    """The ``"heed"`` record of one completion (module docstring)."""
+    """The ``"heed"`` record of one completion (module docstring); ``kv_tokens_per_layer`` ``[n][L]``: what
+    each layer of a Selective Attention model under budgets read per generated token."""
     ids = [int(t) for t in completion_ids]
+    if kv_tokens_per_layer is not None and len(kv_tokens_per_layer) != len(ids):
+        raise ValueError(
+            f"the worker reported per-layer reads for {len(kv_tokens_per_layer)} generated tokens, the "
+            f"completion has {len(ids)}"
+        )
     request = RolloutRequest(layout, mode, max_tokens=max(1, len(ids)))
     trajectory = build_trajectory(
-        request, ids, None, token_table, finish_reason=_FINISH.get(finish_reason or "", "error")
-    )
+        request, ids, None, token_table, finish_reason=_FINISH.get(finish_reason or "", "error"),
+        kv_tokens_per_layer=kv_tokens_per_layer,
+    )  # fmt: skip
+    per_layer = trajectory.kv_tokens_per_layer  # [n, L], or None
     kv = round(float(trajectory.kv_tokens_read.sum()))  # as heed eval sums it
     vanilla = int(trajectory.trace.kv_tokens_vanilla.sum())
     mix = Tally(predicted_modes(trajectory))
@@ -92,6 +106,10 @@ def request_accounting(
         "violations": [v.kind for v in parsed.violations],
         "answer": parsed.answer,
         "protocol_version": layout.protocol_version,
+        "kv_tokens_per_layer": None if per_layer is None else per_layer.sum(axis=0).tolist(),
+        "kv_peak_per_layer": None
+        if per_layer is None or not len(per_layer)
+        else per_layer.max(axis=0).tolist(),
     }
 
 

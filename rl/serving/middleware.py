@@ -17,6 +17,11 @@ Per ``POST /v1/completions`` (and ``/v1/chat/completions`` whose documents arriv
    as well. Token ids the client did not ask for are removed again. Any other
    response goes back untouched; an accounting failure is logged and the completion returned without it.
 
+A Selective Attention model evicts in every mode, so its requests (``vanilla`` included) carry an
+accounting key (``with_selective_key``), and once the completion is done the middleware collects what each
+layer read from the worker (``collective_rpc("heed_sa_reports")`` on vLLM's engine client, as the rollout
+engine does on its ``LLM``) for the record.
+
 Layout tokenizes the documents, so it runs on one worker thread, off the event loop (the tokenizer is not
 shared between threads). This middleware sits outside vLLM's own (``--api-key`` among them), so it checks
 the key first with vLLM's own check and passes a request without a valid one on untouched, for vLLM to
@@ -34,7 +39,7 @@ from typing import Any
 
 from .accounting import HEED_FIELD, REJECTED, record_metrics, request_accounting
 from .chat import CHAT_PATH, chat_response, da_chat_request
-from .requests import DARequest, ServeRequestError, da_request
+from .requests import DARequest, ServeRequestError, da_request, with_selective_key
 from .streaming import StreamAccounting
 
 logger = logging.getLogger(__name__)
@@ -50,6 +55,7 @@ class _Serving:
 
         from rl.evaluate import layout_settings
         from rl.export import read_heed_json
+        from rollouts.engines.vllm_selective import is_selective
         from rollouts.masks.accounting import KVShape
         from rollouts.protocol.tokens import token_bytes_table
 
@@ -63,6 +69,16 @@ class _Serving:
         cache_dtype = vllm_config.cache_config.cache_dtype
         dtype = model_config.dtype if cache_dtype in (None, "auto") else cache_dtype
         self.kv_shape = KVShape.from_config(model_config.hf_config, dtype)
+        self.selective = is_selective(model_config.hf_config)  # per-layer reads come from the worker
+        self.engine_client = app_state.engine_client
+
+    async def layer_reads(self, request: DARequest) -> list[list[int]] | None:
+        """What each layer of a Selective Attention model read per generated token of ``request`` (``[n][L]``),
+        from the worker; ``None`` for a standard model, or one without budgets (nothing evicted)."""
+        if request.sa_key is None:
+            return None
+        reports = await self.engine_client.collective_rpc("heed_sa_reports", args=([request.sa_key],))
+        return reports[0].get(request.sa_key, {}).get("kv_tokens_per_layer") or None
 
 
 class HeedMiddleware:
@@ -105,6 +121,8 @@ class HeedMiddleware:
             return await _send_json(send, 400, _error(str(err)))
         if request is None:
             return await self.app(scope, _replay(raw, receive), send)
+        if serving.selective:
+            request = with_selective_key(request)
         await self._serve(request, scope, receive, send, serving)
 
     def _authorized(self, scope) -> bool:
@@ -153,7 +171,7 @@ class HeedMiddleware:
         await self.app(scope, _replay(forwarded, receive), capture)
         status, payload = start.get("status", 500), b"".join(chunks)
         if status == 200:
-            payload = self._with_accounting(request, payload, serving)
+            payload = await self._with_accounting(request, payload, serving)
         headers = _with_length(start.get("headers", []), len(payload))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
@@ -163,7 +181,9 @@ class HeedMiddleware:
     ) -> None:
         """Relay vLLM's events as they come, rewritten by :class:`StreamAccounting`; an answer other than
         200 (a JSON error before the stream started) passes untouched."""
-        rewriter = StreamAccounting(request, serving.token_table, serving.kv_shape)
+        rewriter = StreamAccounting(
+            request, serving.token_table, serving.kv_shape, lambda: serving.layer_reads(request)
+        )
         status: list[int] = []
 
         async def relay(message):
@@ -176,19 +196,19 @@ class HeedMiddleware:
                     message = {**message, "headers": headers}
             elif message["type"] == "http.response.body" and status == [200]:
                 more = message.get("more_body", False)
-                body = rewriter.feed(message.get("body", b"")) + (b"" if more else rewriter.close())
+                body = await rewriter.feed(message.get("body", b"")) + (b"" if more else rewriter.close())
                 message = {"type": "http.response.body", "body": body, "more_body": more}
             await send(message)
 
         await self.app(scope, _replay(forwarded, receive), relay)
 
-    def _with_accounting(self, request: DARequest, payload: bytes, serving: _Serving) -> bytes:
+    async def _with_accounting(self, request: DARequest, payload: bytes, serving: _Serving) -> bytes:
         try:
             data = json.loads(payload)
             (choice,) = data["choices"]
             accounting = request_accounting(
                 request.layout, request.mode, choice["token_ids"], serving.token_table, serving.kv_shape,
-                choice.get("finish_reason"),
+                choice.get("finish_reason"), await serving.layer_reads(request),
             )  # fmt: skip
             if not request.client_wants_token_ids:
                 choice.pop("token_ids", None)

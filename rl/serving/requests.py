@@ -31,7 +31,8 @@ vLLM itself, also with a 400. ``stream`` is served: the accounting rides on the 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from typing import Any
 
 from data.prompts import DEFAULT_CHUNK_TOKENS
@@ -59,6 +60,20 @@ class DARequest:
     body: dict[str, Any]
     client_wants_token_ids: bool
     chat: bool = False  # a chat request laid out as this completions body (rl/serving/chat.py)
+    sa_key: str | None = (
+        None  # the per-layer reads' key, for a Selective Attention model (with_selective_key)
+    )
+
+
+def with_selective_key(request: DARequest) -> DARequest:
+    """``request`` with a fresh accounting key in its ``vllm_xargs`` (``SA_KEY``, replacing any the client
+    sent): a Selective Attention model's worker then keeps what each layer read for it, which the
+    middleware collects once the completion is done."""
+    from rollouts.engines.vllm_selective import SA_KEY
+
+    key = uuid.uuid4().hex
+    xargs = {**(request.body.get("vllm_xargs") or {}), SA_KEY: key}
+    return replace(request, body={**request.body, "vllm_xargs": xargs}, sa_key=key)
 
 
 def da_request(

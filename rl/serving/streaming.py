@@ -7,7 +7,8 @@ rewrites the events one by one:
 
 - token ids the client did not ask for are removed from every chunk again;
 - the completion's token ids are collected; at the **final chunk** the ``heed`` record is computed from
-  them (:func:`rl.serving.accounting.request_accounting`, as for a whole response) and attached: on the
+  them (:func:`rl.serving.accounting.request_accounting`, as for a whole response, with a Selective
+  Attention model's per-layer reads from ``layer_reads``, awaited only then) and attached: on the
   usage chunk when the client asked for ``stream_options.include_usage`` (it is then the last one, and the
   usage convention is to put per-request figures there), else on the chunk that carries ``finish_reason``;
 - a chat request's chunks become ``chat.completion.chunk`` events (:func:`rl.serving.chat.chat_chunk`);
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .accounting import HEED_FIELD, record_metrics, request_accounting
@@ -31,10 +33,20 @@ DATA = b"data: "
 
 
 class StreamAccounting:
-    """Feed it the response body as it arrives (:meth:`feed`); send what it returns, then :meth:`close`."""
+    """Feed it the response body as it arrives (:meth:`feed`); send what it returns, then :meth:`close`.
 
-    def __init__(self, request: DARequest, token_table, kv_shape):
+    ``layer_reads``: returns the per-layer reads ``[n][L]`` of a Selective Attention model's completion
+    (``None`` for a standard model), awaited once the completion is done."""
+
+    def __init__(
+        self,
+        request: DARequest,
+        token_table,
+        kv_shape,
+        layer_reads: Callable[[], Awaitable[list[list[int]] | None]] | None = None,
+    ):
         self.request, self.token_table, self.kv_shape = request, token_table, kv_shape
+        self.layer_reads = layer_reads
         options = request.body.get("stream_options")
         self.usage_chunk_follows = isinstance(options, dict) and bool(options.get("include_usage"))
         self.token_ids: list[int] = []
@@ -43,18 +55,18 @@ class StreamAccounting:
         self._pending = b""
         self._first_chat_chunk = True
 
-    def feed(self, data: bytes) -> bytes:
+    async def feed(self, data: bytes) -> bytes:
         """The events complete in ``data`` (with what came before), rewritten; a partial one waits."""
         self._pending += data
         *events, self._pending = self._pending.split(EVENT_END)
-        return b"".join(self._rewrite(event) + EVENT_END for event in events)
+        return b"".join([await self._rewrite(event) + EVENT_END for event in events])
 
     def close(self) -> bytes:
         """Whatever the stream ended with that was not a complete event (passed on as it came)."""
         rest, self._pending = self._pending, b""
         return rest
 
-    def _rewrite(self, event: bytes) -> bytes:
+    async def _rewrite(self, event: bytes) -> bytes:
         if not event.startswith(DATA):
             return event
         try:
@@ -72,7 +84,7 @@ class StreamAccounting:
                 self.finish_reason = choice["finish_reason"]
         final = (not chunk["choices"]) if self.usage_chunk_follows else self.finish_reason is not None
         if final and self.accounting is None:
-            self.accounting = self._account()
+            self.accounting = await self._account()
             if self.accounting is not None:
                 chunk[HEED_FIELD] = self.accounting
         if self.request.chat:
@@ -80,11 +92,12 @@ class StreamAccounting:
             self._first_chat_chunk = False
         return DATA + json.dumps(chunk).encode()
 
-    def _account(self) -> dict[str, Any] | None:
+    async def _account(self) -> dict[str, Any] | None:
         try:
+            per_layer = None if self.layer_reads is None else await self.layer_reads()
             accounting = request_accounting(
                 self.request.layout, self.request.mode, self.token_ids, self.token_table, self.kv_shape,
-                self.finish_reason,
+                self.finish_reason, per_layer,
             )  # fmt: skip
         except Exception:  # the completion is the client's either way; the accounting is a bonus
             logger.exception("heed: no accounting for a streamed DA completion; streamed without it")

@@ -219,7 +219,8 @@ class SelectiveWorkerState:
                     self.finished.pop(next(iter(self.finished)))
 
     def pop_reports(self, keys) -> dict[str, dict[str, Any]]:
-        """Reports by key; a request still live here (the scheduler finished it last step) reports too."""
+        """Reports by key; a request still live here (the scheduler finished it last step) reports too,
+        and is then forgotten by key, so that its release does not keep a report nobody collects."""
         live = {r.key: r for r in self.requests.values() if r.key is not None}
         out = {}
         for key in keys:
@@ -227,6 +228,7 @@ class SelectiveWorkerState:
                 out[key] = self.finished.pop(key)
             elif key in live:
                 out[key] = live[key].report()
+                live[key].key = None
         return out
 
 

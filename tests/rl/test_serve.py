@@ -400,6 +400,7 @@ def test_server_side_layout_is_evals_prompt_completion_and_accounting(served):
         assert choice["token_ids"] == trajectory.completion_ids, case
         heed = response["heed"]
         assert {k: heed[k] for k in _expected(trajectory)} == _expected(trajectory), case
+        assert heed["kv_tokens_per_layer"] is None and heed["kv_peak_per_layer"] is None  # nothing evicted
     # the forced DA traces focus and compute locally: the mask saved something, and each token was counted
     for case, response in zip(CASES, served["valid"]):
         heed = response["heed"]

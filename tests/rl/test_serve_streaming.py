@@ -1,7 +1,9 @@
 """Streamed DA responses (`rl/serving/streaming.py`): vLLM-shaped server-sent events in, the same events out
 with the accounting on the final one, whatever byte boundaries the body arrives in. The accounting must
-equal the whole-response path's for the same token ids; the text must be what vLLM streamed."""
+equal the whole-response path's for the same token ids; the text must be what vLLM streamed. A Selective
+Attention model's per-layer reads are fetched once, for the final event, and counted there."""
 
+import asyncio
 import itertools
 import json
 
@@ -49,9 +51,13 @@ def _request(*, usage=False, wants_ids=False, chat=False) -> DARequest:
     return DARequest(LAYOUT, "da", body, wants_ids, chat)
 
 
-def _run(request, token_table, parts) -> list:
-    stream = StreamAccounting(request, token_table, SHAPE)
-    out = b"".join(stream.feed(p) for p in parts) + stream.close()
+def _run(request, token_table, parts, layer_reads=None) -> list:
+    stream = StreamAccounting(request, token_table, SHAPE, layer_reads)
+
+    async def run():
+        return b"".join([await stream.feed(p) for p in parts]) + stream.close()
+
+    out = asyncio.run(run())
     assert out.endswith(b"data: [DONE]\n\n")
     return [json.loads(e[len(b"data: ") :]) for e in out.split(b"\n\n") if e and e != b"data: [DONE]"]
 
@@ -90,5 +96,30 @@ def test_token_ids_stay_when_asked_and_chat_chunks_name_the_role_once(tokenizer,
 def test_an_error_event_passes_as_it_came(token_table):
     error = b'data: {"error": {"message": "boom", "code": 500}}\n\n'
     stream = StreamAccounting(_request(), token_table, SHAPE)
-    assert stream.feed(error + b"data: [DONE]\n\n") == error + b"data: [DONE]\n\n"
+    assert asyncio.run(stream.feed(error + b"data: [DONE]\n\n")) == error + b"data: [DONE]\n\n"
     assert stream.accounting is None
+
+
+def test_a_selective_models_reads_are_fetched_once_and_counted_per_layer(tokenizer, token_table, ids):
+    """Two layers under budgets: layer 0 read 5 keys at every step, layer 1 3 then 4. The record counts their
+    mean per step (what heed eval sums), each layer's sum and its peak, not the DA trace's reads."""
+    reads = [[5, 3]] + [[5, 4]] * (len(ids) - 1)
+    calls = []
+
+    async def layer_reads():
+        calls.append(1)
+        return reads
+
+    parts = [_events(tokenizer, ids, usage=True)]
+    heed = _run(_request(usage=True), token_table, parts, layer_reads)[-1]["heed"]
+    assert calls == [1]
+    n = len(ids)
+    assert heed["kv_tokens_per_layer"] == [5 * n, 3 + 4 * (n - 1)]
+    assert heed["kv_peak_per_layer"] == [5, 4]
+    assert heed["kv_tokens"] == round((5 * n + 3 + 4 * (n - 1)) / 2)
+    assert heed["kv_bytes"] == SHAPE.kv_bytes(heed["kv_tokens"])
+    dense = request_accounting(LAYOUT, "da", ids, token_table, SHAPE, "stop")
+    assert dense["kv_tokens_per_layer"] is None and dense["kv_tokens"] != heed["kv_tokens"]
+    assert heed["kv_tokens_vanilla"] == dense["kv_tokens_vanilla"]  # causal reads: no eviction there
+    with pytest.raises(ValueError, match="per-layer reads for 2 generated tokens"):
+        request_accounting(LAYOUT, "da", ids, token_table, SHAPE, "stop", reads[:2])

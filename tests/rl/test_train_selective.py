@@ -1,7 +1,8 @@
 """`heed train` on the Selective Attention config, shrunk: SFT with L_mem, GRPO whose rollouts evict under
 per-layer KV budgets on vLLM (the plugin's Selective Attention path) while the trainer replays the same
-evictions, and an export that carries its budgets and, served again through `heed eval`, reproduces the
-run's own final eval."""
+evictions, and an export that carries its budgets and, served by `heed serve`, reproduces the run's own
+final eval: the same completions, and in each response's `heed` record what every layer read under its
+budget."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 from tests.rl.jobs import ROOT
-from tests.rl.test_train_e2e import OVERRIDES, served_and_final_eval, train_job
+from tests.rl.test_train_e2e import OVERRIDES, train_job
 
 pytestmark = pytest.mark.slow
 
@@ -76,13 +77,49 @@ def test_grpo_trains_on_what_the_rollouts_evicted(run_dir):
         assert row["kv/tokens_da"] < row["kv/tokens_vanilla"]
 
 
-def test_the_export_carries_its_budgets_and_reproduces_the_final_eval(run_dir, tmp_path):
+def test_the_served_export_reproduces_the_final_eval_and_reports_each_layers_reads(run_dir, tmp_path):
+    """`heed serve` of the export, the test split's rows sent as the final eval sent them (server-side
+    layout, `da`, greedy, its max tokens): the completions' lengths and the KV they read sum to the eval's
+    (which counted the rollout engine's per-layer reads), and each layer's peak is within its budget."""
+    import datasets
+    import numpy as np
+    import openai
+
+    from tests.rl.test_serve import _start_server, _stop, _wait_healthy
+
     export = run_dir / "export"
     assert json.loads((export / "heed.json").read_text())["selective_budgets"] == BUDGETS
     config = json.loads((export / "config.json").read_text())
     assert config["selective_attention"] is True and config["selective_budgets"] == BUDGETS
-    again, during = served_and_final_eval(run_dir, tmp_path / "eval.json", "--modes", "da")
-    assert again and again == during
+    rows = list(datasets.load_from_disk(str(run_dir / "data"))["test"])
+    server = _start_server(export, tmp_path / "server.log")
+    try:
+        _wait_healthy(server)
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        records = []
+        for row in rows:
+            xargs = {
+                "heed_question": row["question"],
+                "heed_documents": list(row["documents"]),
+                "heed_mode": "da",
+            }
+            response = client.completions.create(
+                model=server.model, prompt="", max_tokens=24, temperature=0.0, extra_body={"vllm_xargs": xargs}
+            )  # fmt: skip
+            records.append(response.model_dump()["heed"])
+    finally:
+        _stop(server.proc)
+    final = [r for r in json.loads((run_dir / "eval/grpo.json").read_text())["results"] if r["mode"] == "da"]
+    assert sum(r["n"] for r in final) == len(records)
+    assert sum(h["completion_tokens"] for h in records) == round(
+        sum(r["decode_steps"] * r["n"] for r in final)
+    )
+    served_reads = sum(np.mean(h["kv_tokens_per_layer"]) for h in records)  # the mean over layers, as eval
+    assert served_reads == pytest.approx(sum(r["kv_tokens_per_example"] * r["n"] for r in final), rel=1e-9)
+    for h in records:
+        assert all(0 < peak <= budget for peak, budget in zip(h["kv_peak_per_layer"], BUDGETS, strict=True))
+        assert h["kv_peak_per_layer"][2] < h["kv_peak_per_layer"][0]  # budgets 128 vs 256: prompts are longer
+        assert h["kv_tokens"] < h["kv_tokens_vanilla"]
 
 
 def test_heed_budgets_searches_the_exports_budgets_and_writes_them(run_dir, tmp_path):
