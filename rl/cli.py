@@ -84,7 +84,7 @@ def _budgets(args: argparse.Namespace) -> int:
     try:
         result = search_export_budgets(
             args.checkpoint, args.data, split=args.split, examples=args.examples, batch_size=args.batch_size,
-            step=args.step, tolerance=args.tolerance, write=args.write,
+            step=args.step, tolerance=args.tolerance, write=args.write, min_step=args.min_step,
         )  # fmt: skip
     except (EvalError, ExportError, ValueError) as err:
         print(f"heed: error: {err}", file=sys.stderr)
@@ -400,6 +400,10 @@ def build_parser() -> argparse.ArgumentParser:
     budgets.add_argument("--examples", type=int, default=16, help="gold traces the loss is measured on")
     budgets.add_argument("--batch-size", type=int, default=4, help="traces per forward")
     budgets.add_argument("--step", type=int, default=32, help="tokens one reduction takes off a layer (C)")
+    budgets.add_argument(
+        "--min-step", type=int, default=None,
+        help="then go on with the step halved down to this (1: budgets to the token; default: --step)",
+    )  # fmt: skip
     budgets.add_argument(
         "--tolerance", type=float, default=0.0, help="allowed loss increase over the full cache (0.01 = 1%%)"
     )

@@ -359,7 +359,7 @@ class TrainRecipe:
         try:
             result = search_split_budgets(
                 self.model, self.tokenizer, rows, layout, step=selective.search_step,
-                tolerance=selective.search_tolerance,
+                tolerance=selective.search_tolerance, min_step=selective.search_min_step,
             )  # fmt: skip
         finally:
             self.model.train(training)

@@ -283,6 +283,8 @@ class SelectiveSection(Section):
     search_split: str = "validation"  # a split of the run's data, kept apart from the eval split
     search_examples: int = 16
     search_step: int = 32  # the paper's C is 8 on 512-2048-token contexts; 32 keeps the search short
+    # then the step halved down to this (1: budgets to the token, for a few more rounds); null: search_step
+    search_min_step: int | None = None
     search_tolerance: float = 0.0  # target loss: the full-cache loss x (1 + tolerance)
     memory_eps: float = 0.1  # weight of the memory loss L_mem (paper eq. 2: eps) in the SFT loss; 0: off
     memory_tau: float = 1.0  # L_mem's tau: how much accumulated mask counts as a token fully masked
@@ -319,6 +321,12 @@ class SelectiveSection(Section):
         self.one_of("search_split", (*SPLITS, OOD_SPLIT))
         self.at_least("search_examples", 1)
         self.at_least("search_step", 1)
+        if self.search_min_step is not None:
+            check(
+                1 <= self.search_min_step <= self.search_step,
+                self.key("search_min_step"),
+                f"must be between 1 and search_step ({self.search_step}), or null; got {self.search_min_step}",
+            )
         self.at_least("search_tolerance", 0)
         self.at_least("memory_eps", 0)
         self.at_least("memory_tau", 0, strict=True)

@@ -13,7 +13,9 @@ Layers need very different amounts of context (the paper's 12-layer model ends a
 ``loss`` is measured on a search split with the eviction replayed
 (:func:`rl.selective.losses.loss_under_budgets`); the result is to be evaluated on a separate test split. A
 budget never goes below 2 (<BOS> and the newest token): the last reduction of a layer may be smaller than
-``C``. Cost: ``L`` evaluations per accepted step. Store the result with
+``C``. Cost: ``L`` evaluations per accepted step. With ``min_step`` below ``C`` the search goes on where it
+stopped with ``C`` halved, down to ``min_step``: budgets to the token (``min_step = 1``) for little more than
+the coarse search costs, where one fine step from the full context would take ``N / min_step`` rounds. Store the result with
 :func:`rollouts.selective.eviction.save_budgets` (the model config's ``selective_budgets``, which
 ``save_pretrained`` keeps and the engines read).
 """
@@ -59,16 +61,29 @@ def greedy_budget_search(
     context: int,
     target: float,
     step: int = 8,
+    min_step: int | None = None,
 ) -> BudgetSearch:
     """Lower one layer's budget by ``step`` at a time, always the layer whose reduction costs least, while
-    the loss stays ``<= target``. ``loss(budgets)`` measures a candidate; ``context`` is the full length."""
-    if step < 1:
-        raise ValueError(f"step must be >= 1, got {step}")
+    the loss stays ``<= target``; then, down to ``min_step`` (default: ``step``, no refinement), go on
+    with the step halved. ``loss(budgets)`` measures a candidate; ``context`` is the full length."""
+    min_step = step if min_step is None else min_step
+    if not 1 <= min_step <= step:
+        raise ValueError(f"need 1 <= min_step <= step, got step {step}, min_step {min_step}")
     budgets = check_budgets(context, num_layers)
     current = loss(budgets)
     result = BudgetSearch(budgets, current, target, evaluations=1, context=context)
     if current > target:
         return result  # even the full context misses the target: nothing to reduce
+    while True:
+        budgets = _lower_while_within(loss, budgets, target, step, result)
+        if step == min_step:
+            return result
+        step = max(step // 2, min_step)
+
+
+def _lower_while_within(loss, budgets: tuple[int, ...], target: float, step: int, result: BudgetSearch):
+    """One resolution of the greedy search: accept the cheapest reduction by ``step`` while within target."""
+    num_layers = len(budgets)
     while True:
         candidates = []
         for layer in range(num_layers):
@@ -79,18 +94,17 @@ def greedy_budget_search(
             candidates.append((loss(tuple(smaller)), layer, tuple(smaller)))
         result.evaluations += len(candidates)
         if not candidates:
-            break
+            return budgets
         best_loss, _, best = min(candidates)  # ties: the lower layer
         if best_loss > target:
-            break
+            return budgets
         budgets = best
         result.budgets, result.loss = best, best_loss
         result.steps.append((best, best_loss))
-    return result
 
 
 def search_policy_budgets(
-    model, batches, step: int = 32, tolerance: float = 0.0, progress=None
+    model, batches, step: int = 32, tolerance: float = 0.0, progress=None, min_step: int | None = None
 ) -> BudgetSearch:
     """Budgets for a Selective Attention policy of the DA protocol: the greedy search on the loss of gold
     completions under their DA mask (:func:`rl.selective.losses.completion_loss_under_budgets`), down to
@@ -108,7 +122,8 @@ def search_policy_budgets(
         return value
 
     full = loss(None)
-    return greedy_budget_search(loss, model.config.num_hidden_layers, context, full * (1 + tolerance), step)
+    layers = model.config.num_hidden_layers
+    return greedy_budget_search(loss, layers, context, full * (1 + tolerance), step, min_step)
 
 
 def gold_batches(tokenizer, rows, layout, batch_size: int = 4) -> list[dict]:
@@ -133,6 +148,7 @@ def search_split_budgets(
     step: int = 32,
     tolerance: float = 0.0,
     label: str = "budget search",
+    min_step: int | None = None,
 ) -> BudgetSearch:
     """:func:`search_policy_budgets` on the gold traces of data ``rows`` (laid out as ``layout`` says:
     ``block_size``, ``thinking``, ``style``, ``instructions``), with a progress line. What `heed budgets`
@@ -146,7 +162,9 @@ def search_split_budgets(
         def show(budgets, loss):
             bar.update(task, description=f"{list(budgets) if budgets else 'full cache'}: loss {loss:.4f}")
 
-        return search_policy_budgets(model, batches, step=step, tolerance=tolerance, progress=show)
+        return search_policy_budgets(
+            model, batches, step=step, tolerance=tolerance, progress=show, min_step=min_step
+        )
 
 
 def search_export_budgets(
@@ -158,6 +176,7 @@ def search_export_budgets(
     step: int = 32,
     tolerance: float = 0.0,
     write: bool = False,
+    min_step: int | None = None,
 ) -> BudgetSearch:
     """``heed budgets``: search the KV budgets of an exported Selective Attention policy on ``examples``
     gold traces of ``split`` (laid out as the export's ``heed.json`` says), and with ``write`` store them in
@@ -188,7 +207,9 @@ def search_export_budgets(
     rows = load_split(data_dir, split)[:examples]
     if not rows:
         raise ValueError(f"{data_dir} split {split!r} holds no examples")
-    result = search_split_budgets(model, tokenizer, rows, layout, batch_size, step, tolerance)
+    result = search_split_budgets(
+        model, tokenizer, rows, layout, batch_size, step, tolerance, min_step=min_step
+    )
     if write:
         save_budgets(model.config, result.budgets)
         model.config.to_json_file(export_dir / "config.json")

@@ -366,6 +366,7 @@ def test_random_step_overrides_round_trip(overrides):
         ),
         (["rollout.engine=sglang"], r"rollout\.engine: must be one of"),
         (["selective.search_budgets=true"], r"selective\.search_budgets: searches Selective Attention"),
+        (["selective.search_min_step=64"], r"selective\.search_min_step: must be between 1 and search_step"),
         (
             ["selective.enabled=true", "selective.budgets=[64, 64, 64, 64]", "selective.search_budgets=true"],
             r"selective\.search_budgets: give budgets or search for them, not both",

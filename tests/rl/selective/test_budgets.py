@@ -34,6 +34,26 @@ def test_greedy_budget_search_by_hand():
     assert result.mean_budget == 16
 
 
+def test_a_finer_step_goes_on_where_the_coarse_search_stopped():
+    # The loss rises once a layer holds fewer than it needs: (5, 13) of a 24-token context, target 0.
+    # Step 8 alone stops at (8, 16): (2, 16) and (8, 8) both cost. Refined: step 4 finds nothing ((4, 16),
+    # (8, 12) cost), step 2 takes (6, 16) then (6, 14), step 1 (5, 14) then (5, 13).
+    need = (5, 13)
+
+    def loss(budgets):
+        return float(sum(max(0, n - b) for n, b in zip(need, budgets)))
+
+    coarse = greedy_budget_search(loss, num_layers=2, context=24, target=0.0, step=8)
+    assert coarse.budgets == (8, 16)
+    fine = greedy_budget_search(loss, num_layers=2, context=24, target=0.0, step=8, min_step=1)
+    assert fine.budgets == need and fine.loss == 0.0
+    assert [b for b, _ in fine.steps][: len(coarse.steps)] == [b for b, _ in coarse.steps]
+    # evaluations, 2 per round: the full cache 1, step 8 4 rounds (3 accepted), step 4 1, step 2 3, step 1 3
+    assert fine.evaluations == 23
+    with pytest.raises(ValueError, match="min_step"):
+        greedy_budget_search(loss, num_layers=2, context=24, target=0.0, step=8, min_step=9)
+
+
 def test_greedy_budget_search_stops_at_the_floor_and_at_a_missed_target():
     floor = greedy_budget_search(lambda b: 0.0, num_layers=3, context=5, target=0.0, step=2)
     assert floor.budgets == (2, 2, 2)
