@@ -154,15 +154,9 @@ def _selective_mask(module, query, key, visible, scaling, state: AttentionState 
     if state.tau is not None:
         state.peak_memory[layer] = effective_memory(mask, visible, state.tau).amax(-1)
     if state.budgets is not None:
-        if layer >= len(state.budgets):
-            raise ValueError(
-                f"AttentionState has {len(state.budgets)} budgets but the model has layer {layer}"
-            )
+        budget = _budget(state, layer)
         if q_len == kv_len:
-            real = state.padding_mask
-            if real is None:
-                real = visible.diagonal(dim1=-2, dim2=-1).expand(mask.shape[0], kv_len)
-            keep = selective_keep_mask(mask, state.budgets[layer], real)  # [b, n, n]
+            keep = selective_keep_mask(mask, budget, _real_tokens(state, visible, len(mask)))  # [b, n, n]
             state.held[layer] = keep[:, -1]
         else:
             keep = _arrive(state, layer, mask)[:, None]  # [b, 1, kv]
@@ -188,11 +182,26 @@ def _branched_mask(state: AttentionState, layer: int, head0: torch.Tensor, visib
             -1,
         )  # fmt: skip
     if state.budgets is not None:
-        real = state.padding_mask
-        if real is None:
-            real = visible.diagonal(dim1=-2, dim2=-1).expand(mask.shape[0], mask.shape[-1])
-        visible = visible & selective_keep_mask(mask, state.budgets[layer], real, branches)
+        keep = selective_keep_mask(
+            mask, _budget(state, layer), _real_tokens(state, visible, len(mask)), branches
+        )
+        visible = visible & keep
     return mask, visible
+
+
+def _budget(state: AttentionState, layer: int) -> int:
+    """``layer``'s budget, refused clearly when the state holds fewer budgets than the model has layers."""
+    if layer >= len(state.budgets):
+        raise ValueError(f"AttentionState has {len(state.budgets)} budgets but the model has layer {layer}")
+    return state.budgets[layer]
+
+
+def _real_tokens(state: AttentionState, visible: torch.Tensor, batch: int) -> torch.Tensor:
+    """``[b, n]``: which keys of a full forward are real tokens: the state's padding mask, else the keys that
+    see themselves (``visible`` ``[b or 1, n, n]``)."""
+    if state.padding_mask is not None:
+        return state.padding_mask
+    return visible.diagonal(dim1=-2, dim2=-1).expand(batch, visible.shape[-1])
 
 
 def _arrive(state: AttentionState, layer: int, mask: torch.Tensor) -> torch.Tensor:
