@@ -80,6 +80,7 @@ def run_model(config: RunConfig, run_dir: Path, tokenizer, budgets: Sequence[int
     for folder in (
         run_dir / "final",
         *reversed(complete_checkpoints(run_dir)),
+        run_dir / "grpo_budgets",
         run_dir / "budget_search",
         run_dir / "sft",
         run_dir / "copy_warmup",
@@ -88,10 +89,10 @@ def run_model(config: RunConfig, run_dir: Path, tokenizer, budgets: Sequence[int
         if (folder / "config.json").is_file():
             return load_policy(config, folder, budgets), folder
     init = run_dir / "init"
-    if cfg.path:
+    if cfg.path:  # a Selective Attention checkpoint (an SA export) loads only under its own attention
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.path, dtype=dtype, attn_implementation=cfg.attn_implementation,
-            trust_remote_code=cfg.trust_remote_code,
+            cfg.path, dtype=dtype, trust_remote_code=cfg.trust_remote_code,
+            attn_implementation=SELECTIVE if config.selective.enabled else cfg.attn_implementation,
         )  # fmt: skip
     else:
         model = build_tiny_model(tokenizer, cfg.tiny, dtype=dtype)

@@ -7,6 +7,7 @@
     budget_search  (selective.search_budgets) per-layer KV budgets, paper §4   -> budget_search/
     eval                                                                        -> eval/sft.json
                (eval.sampled_samples) and `da` sampled at the GRPO temperature -> eval/sft_sampled.json
+    grpo_budgets  (selective.grpo_budget_scale < 1) GRPO's tighter KV budgets -> grpo_budgets/
     grpo       DA-masked GRPO (rl/grpo.py), checkpoints every N steps         -> checkpoints/, final/
     eval                                                                        -> eval/grpo.json
                (eval.sampled_samples)                                          -> eval/grpo_sampled.json
@@ -177,8 +178,10 @@ class TrainRecipe:
 
     def _budgets(self) -> list[int] | None:
         """The run's Selective Attention KV budgets: ``selective.budgets``, or with ``selective.search_budgets``
-        the search's (none before it has run)."""
+        the search's (none before it has run); from the ``grpo_budgets`` phase on, GRPO's scaled ones."""
         selective = self.config.selective
+        if "grpo_budgets" in self.state:
+            return self.state["grpo_budgets"]
         return self.state.get("budgets") if selective.search_budgets else selective.budgets
 
     # -- phases ----------------------------------------------------------------------------------------
@@ -206,6 +209,8 @@ class TrainRecipe:
             if cfg.sft.enabled and cfg.eval.after_sft:
                 self._evaluate_phase("sft", step=0)
             if cfg.grpo.enabled:
+                if cfg.selective.grpo_budget_scale != 1.0:
+                    self._once("grpo_budgets", self.grpo_budgets, every_rank=True)
                 self._once("grpo", self.grpo, every_rank=True)
                 self._evaluate_phase("grpo", step=cfg.grpo.max_steps)
             if cfg.export.enabled:
@@ -375,6 +380,32 @@ class TrainRecipe:
         console.print(
             f"budget search: {budgets} (mean {result.mean_budget:.1f}), gold-completion loss "
             f"{result.loss:.4f} <= target {result.target:.4f}, {result.evaluations} evaluations"
+        )
+        self.pool.shutdown()
+        self.pool = start_pool(self.config, self.run_dir, out)
+        return budgets
+
+    def grpo_budgets(self) -> None:
+        """GRPO under tighter budgets than the SFT policy was evaluated under: the run's times
+        ``selective.grpo_budget_scale`` (rounded down, floor 2). Rank 0 saves the policy with them to
+        ``RUN_DIR/grpo_budgets`` and restarts the rollout pool on it; every rank takes them."""
+        self.state["grpo_budgets"] = self.ranks.share(self.ranks.on_main(self._scale_budgets))
+        set_budgets(self.model, self._budgets())
+
+    def _scale_budgets(self) -> list[int]:
+        from rollouts.selective.eviction import save_budgets, scale_budgets
+
+        before, scale = self._budgets(), self.config.selective.grpo_budget_scale
+        budgets = list(scale_budgets(before, scale))
+        out = self.run_dir / "grpo_budgets"
+        save_budgets(self.model.config, budgets)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        metrics = {"mean_budget": sum(budgets) / len(budgets), "scale": scale}
+        metrics |= {f"budget/layer_{i:02d}": b for i, b in enumerate(budgets)}
+        self.writer.log_metrics(0, "grpo_budgets", metrics)
+        console.print(
+            f"GRPO budgets: {budgets} (mean {metrics['mean_budget']:.1f}) = {before} x {scale}, rounded down"
         )
         self.pool.shutdown()
         self.pool = start_pool(self.config, self.run_dir, out)

@@ -286,6 +286,10 @@ class SelectiveSection(Section):
     # then the step halved down to this (1: budgets to the token, for a few more rounds); null: search_step
     search_min_step: int | None = None
     search_tolerance: float = 0.0  # target loss: the full-cache loss x (1 + tolerance)
+    # GRPO's rollouts and trainer evict under the run's budgets (given or searched) times this, rounded down
+    # (floor 2); the SFT eval keeps the unscaled ones. Below 1, RL has to keep the policy's accuracy under
+    # budgets the SFT policy could not meet; the final eval and the export carry the scaled budgets.
+    grpo_budget_scale: float = 1.0
     memory_eps: float = 0.1  # weight of the memory loss L_mem (paper eq. 2: eps) in the SFT loss; 0: off
     memory_tau: float = 1.0  # L_mem's tau: how much accumulated mask counts as a token fully masked
     grpo_memory_eps: float = 0.1  # weight of L_mem added to the GRPO loss (logged as aux_loss); 0: off
@@ -317,6 +321,17 @@ class SelectiveSection(Section):
                 self.budgets is None,
                 self.key("search_budgets"),
                 "give budgets or search for them, not both: set budgets: null, or search_budgets: false",
+            )
+        if self.grpo_budget_scale != 1.0:
+            check(
+                0 < self.grpo_budget_scale < 1,
+                self.key("grpo_budget_scale"),
+                f"must be in (0, 1]: GRPO's budgets are the run's times it; got {self.grpo_budget_scale}",
+            )
+            check(
+                self.budgets is not None or self.search_budgets,
+                self.key("grpo_budget_scale"),
+                "scales the run's budgets, and it has none: give selective.budgets or search_budgets: true",
             )
         self.one_of("search_split", (*SPLITS, OOD_SPLIT))
         self.at_least("search_examples", 1)

@@ -85,7 +85,7 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_DIR = "trajectories"
 EVAL_DIR = "eval"
-PHASES = ("copy_warmup", "sft", "budget_search", "grpo", "eval", "sample")
+PHASES = ("copy_warmup", "sft", "budget_search", "grpo_budgets", "grpo", "eval", "sample")
 ROW_KEYS = ("step", "time", "phase")  # every metrics line has these; the rest are metric names
 
 

@@ -97,6 +97,15 @@ def check_budgets(budgets: int | Sequence[int], num_layers: int) -> tuple[int, .
     return tuple(budgets)
 
 
+def scale_budgets(budgets: Sequence[int], scale: float) -> tuple[int, ...]:
+    """Each budget times ``scale``, rounded down (at most ``scale`` of it), never below ``MIN_BUDGET``.
+
+    >>> scale_budgets([11, 8, 6, 2], 0.7)
+    (7, 5, 4, 2)
+    """
+    return tuple(max(MIN_BUDGET, int(b * scale + 1e-9)) for b in budgets)
+
+
 def save_budgets(config, budgets: int | Sequence[int]) -> None:
     """Store validated per-layer budgets in a model config; ``save_pretrained`` writes them out."""
     setattr(config, CONFIG_KEY, list(check_budgets(budgets, config.num_hidden_layers)))

@@ -367,6 +367,11 @@ def test_random_step_overrides_round_trip(overrides):
         (["rollout.engine=sglang"], r"rollout\.engine: must be one of"),
         (["selective.search_budgets=true"], r"selective\.search_budgets: searches Selective Attention"),
         (["selective.search_min_step=64"], r"selective\.search_min_step: must be between 1 and search_step"),
+        (["selective.grpo_budget_scale=1.5"], r"selective\.grpo_budget_scale: must be in \(0, 1\]"),
+        (
+            ["selective.enabled=true", "selective.grpo_budget_scale=0.5"],
+            r"selective\.grpo_budget_scale: scales the run's budgets, and it has none",
+        ),
         (
             ["selective.enabled=true", "selective.budgets=[64, 64, 64, 64]", "selective.search_budgets=true"],
             r"selective\.search_budgets: give budgets or search for them, not both",

@@ -35,6 +35,7 @@ def runs(tmp_path_factory):
             "grpo.max_steps=1", "eval.before_training=false", "eval.modes=[da]",
             "data.build.splits={train: 16, validation: 2, test: 2}", "selective.budgets=null",
             "selective.search_budgets=true", "selective.search_examples=2", "selective.search_step=300",
+            "selective.grpo_budget_scale=0.5",
         ),
     }  # fmt: skip
 
@@ -151,10 +152,15 @@ def searched(runs):
     return runs("searched")
 
 
-def test_the_budget_search_runs_after_sft_and_its_budgets_reach_every_later_phase(searched):
+def halved(budgets):
+    """``selective.grpo_budget_scale=0.5`` by hand: half of each budget, rounded down, at least 2."""
+    return [max(2, b // 2) for b in budgets]
+
+
+def test_the_budget_search_runs_after_sft_and_grpo_trains_under_its_scaled_budgets(searched):
     state = json.loads((searched / "state.json").read_text())
     assert state["completed"] == [
-        "sft", "budget_search", "eval_sft", "grpo", "eval_grpo", "export", "report"
+        "sft", "budget_search", "eval_sft", "grpo_budgets", "grpo", "eval_grpo", "export", "report"
     ]  # fmt: skip
     search = json.loads((searched / "budget_search" / "search.json").read_text())
     found = search["budgets"]
@@ -169,30 +175,36 @@ def test_the_budget_search_runs_after_sft_and_its_budgets_reach_every_later_phas
     # the searched policy is a checkpoint of its own, carrying its budgets (a resume starts from it) ...
     budget_dir = json.loads((searched / "budget_search" / "config.json").read_text())
     assert budget_dir["selective_budgets"] == found
-    # ... the rollouts evicted under them and the trainer replayed the same evictions ...
+    # ... GRPO's are half of them, saved with the policy GRPO starts from ...
+    tight = halved(found)
+    assert state["grpo_budgets"] == tight and tight != found
+    assert json.loads((searched / "grpo_budgets" / "config.json").read_text())["selective_budgets"] == tight
+    # ... the rollouts evicted under those and the trainer replayed the same evictions ...
     (grpo,) = [r for r in metrics_rows(searched) if r["phase"] == "grpo" and "loss" in r]
     assert grpo["sampling/sampling_logp_difference/max"] < 1e-4
     steps = grpo["decode/steps"] * grpo["rollouts/count"]
     per_layer = [grpo[f"kv/tokens_da/layer_{layer:02d}"] for layer in range(4)]
-    assert all(0 < read <= budget * steps for read, budget in zip(per_layer, found))
+    assert all(0 < read <= budget * steps for read, budget in zip(per_layer, tight))
     # ... and the export serves with them, while the run's config still says "search"
-    assert json.loads((searched / "export" / "heed.json").read_text())["selective_budgets"] == found
+    assert json.loads((searched / "export" / "heed.json").read_text())["selective_budgets"] == tight
     assert "search_budgets: true" in (searched / "config.yaml").read_text()
 
 
 def test_a_resume_after_the_search_keeps_its_budgets(searched, tmp_path):
     """Interrupted after the search (its phase done, GRPO not started): the resumed run skips the search,
-    loads the searched policy and trains, rolls out and exports under the budgets state.json kept."""
+    loads the searched policy, scales the budgets state.json kept, and trains, rolls out and exports
+    under those."""
     import shutil
 
     run_dir = tmp_path / "run"
     shutil.copytree(searched, run_dir)
     state = json.loads((run_dir / "state.json").read_text())
     state["completed"] = ["sft", "budget_search", "eval_sft"]
-    for phase in ("grpo", "eval_grpo", "export", "report"):
+    for phase in ("grpo_budgets", "grpo", "eval_grpo", "export", "report"):
         state["wall_s"].pop(phase, None)
+    del state["grpo_budgets"]
     (run_dir / "state.json").write_text(json.dumps(state))
-    for later in ("final", "checkpoints", "export"):
+    for later in ("grpo_budgets", "final", "checkpoints", "export"):
         shutil.rmtree(run_dir / later, ignore_errors=True)
     search = (run_dir / "budget_search" / "search.json").read_text()
     grpo_rows = len([r for r in metrics_rows(run_dir) if r["phase"] == "grpo"])
@@ -206,17 +218,18 @@ def test_a_resume_after_the_search_keeps_its_budgets(searched, tmp_path):
     assert "budget_search: done earlier, skipped" in out.stdout
     resumed = json.loads((run_dir / "state.json").read_text())
     found = state["budgets"]
-    assert resumed["budgets"] == found
-    assert resumed["completed"][-4:] == ["grpo", "eval_grpo", "export", "report"]
+    assert resumed["budgets"] == found and resumed["grpo_budgets"] == halved(found)
+    assert resumed["completed"][-5:] == ["grpo_budgets", "grpo", "eval_grpo", "export", "report"]
     assert resumed["wall_s"]["budget_search"] == state["wall_s"]["budget_search"]  # not searched again
     assert (run_dir / "budget_search" / "search.json").read_text() == search
     rows = [r for r in metrics_rows(run_dir) if r["phase"] == "grpo"]
     (grpo,) = [r for r in rows[grpo_rows:] if "loss" in r]  # the resumed run's one step
     assert grpo["sampling/sampling_logp_difference/max"] < 1e-4  # the trainer replayed the same evictions
     steps = grpo["decode/steps"] * grpo["rollouts/count"]
-    assert all(grpo[f"kv/tokens_da/layer_{layer:02d}"] <= b * steps for layer, b in enumerate(found))
-    assert json.loads((run_dir / "final" / "config.json").read_text())["selective_budgets"] == found
-    assert json.loads((run_dir / "export" / "heed.json").read_text())["selective_budgets"] == found
+    tight = halved(found)
+    assert all(grpo[f"kv/tokens_da/layer_{layer:02d}"] <= b * steps for layer, b in enumerate(tight))
+    assert json.loads((run_dir / "final" / "config.json").read_text())["selective_budgets"] == tight
+    assert json.loads((run_dir / "export" / "heed.json").read_text())["selective_budgets"] == tight
 
 
 def metrics_rows(run_dir):

@@ -1,0 +1,28 @@
+"""What a run starts from (`rl/run_inputs.py`): a pretrained Selective Attention checkpoint given as
+`model.path` (an SA export, to train further) loads under Selective Attention with the run's budgets."""
+
+import torch
+
+from rl.config import load_run_config
+from rl.run_inputs import run_model
+from rollouts.selective.constants import SELECTIVE
+from rollouts.selective.eviction import load_budgets
+from tests.rollouts.conftest import save_tiny_qwen3
+
+
+def test_a_selective_attention_checkpoint_starts_a_selective_run(tmp_path, tokenizer, selective_attention):
+    checkpoint = save_tiny_qwen3(
+        tmp_path / "sa_export", tokenizer, selective_attention=True, selective_budgets=[16, 16, 16, 16]
+    )
+    config = load_run_config(
+        "configs/tiny-selective.yaml",
+        [f"model.path={checkpoint}", f"tokenizer.path={checkpoint}", f"data.build.tokenizer={checkpoint}",
+         "selective.budgets=[8, 6, 4, 2]"],
+    )  # fmt: skip
+    model, start = run_model(config, tmp_path / "run", tokenizer, config.selective.budgets)
+    assert start == tmp_path / "run" / "init"
+    assert model.config.selective_attention and model.config._attn_implementation == SELECTIVE
+    assert load_budgets(model.config) == (8, 6, 4, 2)  # the run's, not the checkpoint's
+    reloaded = type(model).from_pretrained(checkpoint, attn_implementation=SELECTIVE)
+    for (name, a), b in zip(model.state_dict().items(), reloaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name  # the checkpoint's weights, unchanged
