@@ -18,8 +18,8 @@ compute the same log-probs (tests/rl/test_shared_prompt.py); here they are timed
 Median of ``--reps`` after a warm-up, the two paths interleaved rep by rep, so a loaded machine slows both
 alike. Cases: ``default`` (configs/tiny.yaml's model, tokenizer and data: prompts ~300-330 tokens,
 completions ~16, G = 8, 4 prompts); ``pc10`` and ``pc40``: P/C = 10 and 40 at C = 32, G = 8, on a larger
-tiny model (hidden 256, 4 layers, 4/2 heads of 64, intermediate 1024); ``selective``: configs/tiny-selective.yaml's
-policy (the default's model with Selective Attention, KV budgets 256/192/128/192 replayed by the forward,
+tiny model (hidden 256, 4 layers, 4/2 heads of 64, intermediate 1024); ``selective``: a policy like
+configs/tiny-selective.yaml's (the default's model with Selective Attention, KV budgets 256/192/128/192 replayed by the forward,
 L_mem at eps 0.1 in the loss) on its data (prompts 300-330 tokens, completions ~32), with a third row: the DA
 model (the same weights without Selective Attention) on the same batch, shared, the step Selective
 Attention is compared with. Left out: the optimizer step, rollouts, and GPU timings (``bench/gpu_check.py``).
@@ -127,7 +127,7 @@ def build(case: Case, prompts: int, generations: int, seed: int = 0):
 
 def selective_policy(model, budgets):
     """The same weights as a Selective Attention model carrying ``budgets`` (as configs/tiny-selective.yaml
-    builds its policy)."""
+    builds its policy, with budgets given)."""
     import copy
 
     from transformers import Qwen3ForCausalLM

@@ -426,11 +426,16 @@ def test_selective_config_runs_its_rollouts_on_vllm():
     assert set(ROLLOUT_ENGINES) == {"auto", *ENGINES}
     selective = load_run_config(REPO / "configs" / "tiny-selective.yaml")
     assert selective.selective.enabled and selective.rollout_engine == "vllm"
-    assert len(selective.selective.budgets) == selective.model.tiny.num_hidden_layers
-    searching = load_run_config(
-        REPO / "configs" / "tiny-selective.yaml", ["selective.budgets=null", "selective.search_budgets=true"]
+    # it searches its budgets after SFT, to the token, and trains GRPO under 0.7x them
+    searching = selective.selective
+    assert searching.budgets is None and searching.search_budgets and searching.search_min_step == 1
+    assert 0 < searching.grpo_budget_scale < 1
+    assert searching.search_split == "validation" != selective.data.eval_split
+    fixed = load_run_config(
+        REPO / "configs" / "tiny-selective.yaml",
+        ["selective.budgets=[8, 6, 4, 2]", "selective.search_budgets=false"],
     )
-    assert searching.selective.search_split == "validation" != searching.data.eval_split
+    assert len(fixed.selective.budgets) == fixed.model.tiny.num_hidden_layers
     assert load_run_config(None).rollout_engine == "vllm"
 
 

@@ -17,7 +17,7 @@ def test_a_selective_attention_checkpoint_starts_a_selective_run(tmp_path, token
     config = load_run_config(
         "configs/tiny-selective.yaml",
         [f"model.path={checkpoint}", f"tokenizer.path={checkpoint}", f"data.build.tokenizer={checkpoint}",
-         "selective.budgets=[8, 6, 4, 2]"],
+         "selective.budgets=[8, 6, 4, 2]", "selective.search_budgets=false"],
     )  # fmt: skip
     model, start = run_model(config, tmp_path / "run", tokenizer, config.selective.budgets)
     assert start == tmp_path / "run" / "init"

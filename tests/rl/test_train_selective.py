@@ -17,7 +17,14 @@ from tests.rl.test_train_e2e import OVERRIDES, train_job
 
 pytestmark = pytest.mark.slow
 
-BUDGETS = [256, 192, 128, 192]  # configs/tiny-selective.yaml's; every prompt here is longer than each
+BUDGETS = [
+    256,
+    192,
+    128,
+    192,
+]  # fixed budgets (the config searches its own); every prompt is longer than each
+FIXED = [f"selective.budgets=[{', '.join(map(str, BUDGETS))}]", "selective.search_budgets=false",
+         "selective.grpo_budget_scale=1.0"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +34,7 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("e2e")
     jobs = {
         "selective": train_job(
-            base / "selective", "configs/tiny-selective.yaml", *OVERRIDES, "sft.max_steps=2",
+            base / "selective", "configs/tiny-selective.yaml", *OVERRIDES, *FIXED, "sft.max_steps=2",
             "sft.logging_steps=1", "eval.before_training=false", "eval.after_sft=false", "eval.modes=[da]",
         ),
         "searched": train_job(
@@ -35,7 +42,7 @@ def runs(tmp_path_factory):
             "grpo.max_steps=1", "eval.before_training=false", "eval.modes=[da]",
             "data.build.splits={train: 16, validation: 2, test: 2}", "selective.budgets=null",
             "selective.search_budgets=true", "selective.search_examples=2", "selective.search_step=300",
-            "selective.grpo_budget_scale=0.5",
+            "selective.search_min_step=null", "selective.grpo_budget_scale=0.5",
         ),
     }  # fmt: skip
 
