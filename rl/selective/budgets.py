@@ -15,9 +15,9 @@ Layers need very different amounts of context (the paper's 12-layer model ends a
 budget never goes below 2 (<BOS> and the newest token): the last reduction of a layer may be smaller than
 ``C``. Cost: ``L`` evaluations per accepted step. With ``min_step`` below ``C`` the search goes on where it
 stopped with ``C`` halved, down to ``min_step``: budgets to the token (``min_step = 1``) for little more than
-the coarse search costs, where one fine step from the full context would take ``N / min_step`` rounds. Store the result with
-:func:`rollouts.selective.eviction.save_budgets` (the model config's ``selective_budgets``, which
-``save_pretrained`` keeps and the engines read).
+the coarse search costs, where one fine step from the full context would take ``N / min_step`` rounds.
+Store the result with :func:`rollouts.selective.eviction.save_budgets` (the model config's
+``selective_budgets``, which ``save_pretrained`` keeps and the engines read).
 """
 
 from __future__ import annotations

@@ -60,9 +60,8 @@ class DARequest:
     body: dict[str, Any]
     client_wants_token_ids: bool
     chat: bool = False  # a chat request laid out as this completions body (rl/serving/chat.py)
-    sa_key: str | None = (
-        None  # the per-layer reads' key, for a Selective Attention model (with_selective_key)
-    )
+    # the per-layer reads' key, for a Selective Attention model (with_selective_key)
+    sa_key: str | None = None
 
 
 def with_selective_key(request: DARequest) -> DARequest:

@@ -17,12 +17,8 @@ from tests.rl.test_train_e2e import OVERRIDES, train_job
 
 pytestmark = pytest.mark.slow
 
-BUDGETS = [
-    256,
-    192,
-    128,
-    192,
-]  # fixed budgets (the config searches its own); every prompt is longer than each
+# fixed budgets (the config searches its own); every prompt here is longer than each
+BUDGETS = [256, 192, 128, 192]
 FIXED = [f"selective.budgets=[{', '.join(map(str, BUDGETS))}]", "selective.search_budgets=false",
          "selective.grpo_budget_scale=1.0"]  # fmt: skip
 
