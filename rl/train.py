@@ -349,7 +349,6 @@ class TrainRecipe:
         """Rank 0: search, save the policy with its budgets to ``RUN_DIR/budget_search`` (where a resume
         loads it from) and restart the rollout pool on it (engines evict under a checkpoint's budgets)."""
         from rl.selective.budgets import search_split_budgets
-        from rollouts.selective.eviction import save_budgets
 
         cfg, selective = self.config, self.config.selective
         if selective.search_split not in self.data:
@@ -369,21 +368,31 @@ class TrainRecipe:
         finally:
             self.model.train(training)
         budgets = list(result.budgets)
-        out = self.run_dir / "budget_search"
-        save_budgets(self.model.config, budgets)
-        self.model.save_pretrained(out)
-        self.tokenizer.save_pretrained(out)
+        out = self._restart_with_budgets(
+            "budget_search", budgets, {"loss": result.loss, "target": result.target}
+        )
         (out / "search.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
-        metrics = {"loss": result.loss, "target": result.target, "mean_budget": result.mean_budget}
-        metrics |= {f"budget/layer_{i:02d}": b for i, b in enumerate(budgets)}
-        self.writer.log_metrics(0, "budget_search", metrics)
         console.print(
             f"budget search: {budgets} (mean {result.mean_budget:.1f}), gold-completion loss "
             f"{result.loss:.4f} <= target {result.target:.4f}, {result.evaluations} evaluations"
         )
+        return budgets
+
+    def _restart_with_budgets(self, phase: str, budgets: list[int], metrics: dict) -> Path:
+        """Rank 0: save the policy with ``budgets`` to ``RUN_DIR/phase`` (where a resume loads it from), log
+        them under ``phase`` and restart the rollout pool on it (engines evict under a checkpoint's budgets)."""
+        from rollouts.selective.eviction import save_budgets
+
+        out = self.run_dir / phase
+        save_budgets(self.model.config, budgets)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        metrics = {**metrics, "mean_budget": sum(budgets) / len(budgets)}
+        metrics |= {f"budget/layer_{i:02d}": b for i, b in enumerate(budgets)}
+        self.writer.log_metrics(0, phase, metrics)
         self.pool.shutdown()
         self.pool = start_pool(self.config, self.run_dir, out)
-        return budgets
+        return out
 
     def grpo_budgets(self) -> None:
         """GRPO under tighter budgets than the SFT policy was evaluated under: the run's times
@@ -393,22 +402,14 @@ class TrainRecipe:
         set_budgets(self.model, self._budgets())
 
     def _scale_budgets(self) -> list[int]:
-        from rollouts.selective.eviction import save_budgets, scale_budgets
+        from rollouts.selective.eviction import scale_budgets
 
         before, scale = self._budgets(), self.config.selective.grpo_budget_scale
         budgets = list(scale_budgets(before, scale))
-        out = self.run_dir / "grpo_budgets"
-        save_budgets(self.model.config, budgets)
-        self.model.save_pretrained(out)
-        self.tokenizer.save_pretrained(out)
-        metrics = {"mean_budget": sum(budgets) / len(budgets), "scale": scale}
-        metrics |= {f"budget/layer_{i:02d}": b for i, b in enumerate(budgets)}
-        self.writer.log_metrics(0, "grpo_budgets", metrics)
+        self._restart_with_budgets("grpo_budgets", budgets, {"scale": scale})
         console.print(
-            f"GRPO budgets: {budgets} (mean {metrics['mean_budget']:.1f}) = {before} x {scale}, rounded down"
+            f"GRPO budgets: {budgets} (mean {sum(budgets) / len(budgets):.1f}) = {before} x {scale}, rounded down"
         )
-        self.pool.shutdown()
-        self.pool = start_pool(self.config, self.run_dir, out)
         return budgets
 
     def _save_trained(self, trainer, name: str) -> None:
