@@ -4,7 +4,7 @@ One function, :func:`score_parsed`, combines the components for one completion; 
 it (:func:`score_trajectory` from a rollout's :class:`~rollouts.trajectory.Trajectory`, and the TRL
 reward functions in ``rewards/trl_rewards.py`` from dataset columns)::
 
-    total = accuracy_weight   * accuracy                       graded <answer>, in [0, 1]
+    total = accuracy_weight   * accuracy                       graded <answer>, in [0, 1], gated (below)
           + efficiency_weight * efficiency                     1 - attended/budget, gated (below)
           + compliance_weight * compliance                     0 or 1
           + coverage_weight   * coverage                       evidence chunks focused, 0 when unknown
@@ -16,7 +16,8 @@ attention reads over ``efficiency_reference_tokens`` steps from this prompt,
 only when the answer is right (``accuracy >= efficiency_min_accuracy``), the completion follows the
 protocol (``efficiency_requires_compliance``) and, optionally, the evidence was focused
 (``efficiency_min_coverage``); otherwise it pays 0. Without the gates the cheapest policy is to read
-nothing and guess. ``kv_saving`` reports the ungated relative saving (the paper's) for dashboards, and
+nothing and guess. The accuracy term can be gated on coverage too (``accuracy_min_coverage``, off by
+default). ``kv_saving`` reports the ungated relative saving (the paper's) for dashboards, and
 ``accuracy_ruler`` the answer graded by RULER's own metric (recall only, no length guard) for evals.
 
 Bad input never raises; it gets a defined score and a reason (``RewardBreakdown.reasons``, counted
@@ -30,7 +31,9 @@ over a batch in ``RewardBatch.reasons``):
 - ``compliance/<violation kind>`` or ``compliance/no_focus``; compliance 0.
 - ``efficiency/no_kv_accounting``, ``efficiency/bad_kv_accounting``: saving unknown, efficiency 0;
   ``efficiency/no_prompt_len``: the budget needs the prompt length and the accounting lacks it,
-  efficiency 0; ``efficiency/gated:accuracy|compliance|coverage``: the efficiency was withheld.
+  efficiency 0; ``efficiency/gated:accuracy|compliance|coverage``: the efficiency was withheld;
+  ``accuracy/gated:coverage``: a right answer that did not focus its evidence earned no accuracy in the
+  total (``accuracy_min_coverage``; the breakdown's ``accuracy`` stays the grade).
 - ``internal_error``: a bug in this package; everything 0 (and logged).
 """
 
@@ -167,8 +170,12 @@ def score_parsed(
     if gate and measured:
         reasons.append(f"efficiency/gated:{gate}")
 
+    paid = accuracy
+    if accuracy and coverage is not None and coverage < config.accuracy_min_coverage:
+        paid = 0.0
+        reasons.append("accuracy/gated:coverage")
     total = (
-        config.accuracy_weight * accuracy
+        config.accuracy_weight * paid
         + config.efficiency_weight * efficiency
         + config.compliance_weight * follows
         + config.coverage_weight * (coverage or 0.0)

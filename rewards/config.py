@@ -74,6 +74,15 @@ class RewardConfig:
         "outscore the honest trace (tests/rewards/test_reward_hacking.py).",
         within(0, 1),
     )
+    accuracy_min_coverage: float = setting(
+        0.0,
+        "Gate: the accuracy term pays only when evidence coverage >= this (examples without known evidence "
+        "pass; 0.0, the default, turns the gate off). Under Selective Attention with tight budgets a policy "
+        "can answer from what survived eviction while focusing the wrong chunk; 1.0 pays only answers that "
+        "focused their evidence, so RL keeps the traces the budgets were searched on. Evals report the "
+        "ungated accuracy.",
+        within(0, 1),
+    )
     efficiency_reference: str = setting(
         "budget",
         "What the efficiency term measures reads against. 'budget': clip(1 - attended / budget, 0, 1) with "

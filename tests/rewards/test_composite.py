@@ -1,9 +1,12 @@
 """The composite reward over trajectories on the paper's Acme example, laid out as a real DA prompt."""
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rewards import DecodeCost, RewardConfig, score_trajectories, score_trajectory
 from rewards.efficiency import KVReads, decode_seconds
@@ -164,6 +167,47 @@ def test_coverage_gate(build):
     assert (r.coverage, r.efficiency) == (0.5, 0.0)
     assert "efficiency/gated:coverage" in r.reasons
     assert score_trajectory(build(text)) == r  # on by default: a half-read right answer is a guess
+
+
+def test_accuracy_coverage_gate(build):
+    """Off by default; at 1.0 a right answer that focused half its evidence earns no accuracy in the total,
+    by hand: 0.25 compliance + 0.25 * 0.5 coverage, while the breakdown keeps the grade."""
+    text = ACME_GOLD_TEXT.replace('<focus magic_chunks="7">', '<focus magic_chunks="6">')
+    off = score_trajectory(build(text))
+    assert off.accuracy == 1.0 and off.total == pytest.approx(1.0 + 0.25 + 0.25 * 0.5)
+    gated = score_trajectory(build(text), RewardConfig(accuracy_min_coverage=1.0))
+    assert gated.accuracy == 1.0 and gated.total == pytest.approx(0.25 + 0.25 * 0.5)
+    assert "accuracy/gated:coverage" in gated.reasons
+    assert score_trajectory(build(text), RewardConfig(accuracy_min_coverage=0.5)).total == off.total
+    gold = score_trajectory(build(ACME_GOLD_TEXT), RewardConfig(accuracy_min_coverage=1.0))
+    assert gold == score_trajectory(build(ACME_GOLD_TEXT))  # full coverage passes
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    chunks=st.lists(st.integers(1, 8), min_size=1, max_size=3, unique=True),
+    answer=st.sampled_from(["8 years", "9 years", "2003"]),
+    gate=st.sampled_from([0.5, 1.0]),
+)
+def test_the_accuracy_gate_only_withholds_the_accuracy_of_an_answer_below_it(build, chunks, answer, gate):
+    """Any focus (evidence: chunks 2 and 7) and answer: the gated total is the ungated one, less
+    accuracy_weight * accuracy exactly when coverage is below the gate; every other component is unchanged."""
+    text = ACME_GOLD_TEXT.replace(
+        '<focus magic_chunks="7">', f'<focus magic_chunks="{",".join(map(str, chunks))}">'
+    )
+    text = text.replace("8 years</answer>", f"{answer}</answer>")
+    config = RewardConfig(accuracy_weight=0.8)
+    ungated = score_trajectory(build(text), config)
+    gated = score_trajectory(build(text), dataclasses.replace(config, accuracy_min_coverage=gate))
+    below = ungated.coverage < gate
+    withheld = 0.8 * ungated.accuracy if below else 0.0
+    assert gated.total == pytest.approx(ungated.total - withheld)
+    assert (gated.accuracy, gated.efficiency, gated.coverage) == (
+        ungated.accuracy,
+        ungated.efficiency,
+        ungated.coverage,
+    )
+    assert ("accuracy/gated:coverage" in gated.reasons) == (below and ungated.accuracy > 0)
 
 
 # -- units, eviction ------------------------------------------------------------------------------------
