@@ -29,6 +29,9 @@ Aggregated per (mode, task, context-length bin), over every completion (``n``: e
   kv_tokens_vanilla`` (0 by construction for ``da-nm`` and ``vanilla`` without eviction);
   ``kv_tokens_per_example``, ``kv_tokens_vanilla_per_example``: the same two counts over ``n`` (what one
   completion reads: the absolute number the saving ratio hides when completions get shorter or longer);
+  under Selective Attention eviction ``kv_tokens_per_layer`` (what each layer read, summed; ``kv_tokens``
+  is their mean) and ``kv_peak_per_layer`` (the most one decoding step read in each layer: what it held,
+  at most its budget), ``None`` without eviction, as ``heed serve`` reports them;
 - ``decode_steps``: mean generated tokens; ``mode_mix_global|focus|local|index``: share of generated tokens
   by the mode they were predicted under (``records.predicted_modes``, the paper's Figure 5);
 - ``truncated`` / ``errors``: examples that hit ``max_tokens`` / that the engine failed.
@@ -92,6 +95,8 @@ class EvalRow:
     mode_mix_index: float | None
     truncated: int = 0  # examples that stopped at max_tokens
     errors: int = 0  # examples the engine failed (scored 0)
+    kv_tokens_per_layer: list[int] | None = None  # under SA eviction: what each layer read, all steps
+    kv_peak_per_layer: list[int] | None = None  # under SA eviction: the most each layer held at one step
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -159,7 +164,8 @@ class EvalReport:
         """One JSON-ready record per completion, in request order (example-major, then mode, then sample):
         what the policy wrote and how it was graded and accounted. ``correct``: full marks (``accuracy`` is
         the reward's grade, partial for part-credit metrics); ``kv_tokens``: what the mode's engine read,
-        ``kv_tokens_vanilla``: the same completion under causal attention."""
+        ``kv_tokens_vanilla``: the same completion under causal attention; ``kv_tokens_per_layer``: under
+        Selective Attention eviction what each layer read (``kv_tokens`` is their mean), else ``None``."""
         return [
             {
                 "id": t.example.get("id"),
@@ -179,6 +185,7 @@ class EvalReport:
                 "evidence_chunks": t.example.get("evidence_chunks"),
                 "kv_tokens": _whole(completion_kv_tokens(t)),
                 "kv_tokens_vanilla": int(t.trace.kv_tokens_vanilla.sum()),
+                "kv_tokens_per_layer": t.kv_tokens_by_layer,
                 "decode_steps": len(t.completion_ids),
                 "finish_reason": t.finish_reason,
             }
@@ -294,7 +301,17 @@ class EvalReport:
             mode_mix_index=mix["index"] / generated if generated else None,
             truncated=sum(t.finish_reason == "length" for t in ts),
             errors=sum(t.finish_reason == "error" for t in ts),
+            kv_tokens_per_layer=_by_layer([t.kv_tokens_by_layer for t in ts], sum),
+            kv_peak_per_layer=_by_layer([t.kv_peak_by_layer for t in ts], max),
         )
+
+
+def _by_layer(values: list[list[int] | None], combine) -> list[int] | None:
+    """Per-layer counts of a group's completions combined layer by layer (``sum`` or ``max``) over those
+    that have them (``None`` without Selective Attention eviction; a peak is ``None`` for a completion that
+    decoded nothing); ``None`` when none has them."""
+    present = [v for v in values if v is not None]
+    return [combine(layer) for layer in zip(*present, strict=True)] if present else None
 
 
 def completion_kv_tokens(t: Trajectory) -> float:

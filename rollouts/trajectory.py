@@ -62,3 +62,24 @@ class Trajectory:
         if self.kv_tokens_per_layer is not None:
             return np.asarray(self.kv_tokens_per_layer).mean(axis=1)
         return self.trace.kv_tokens if self.mode == "da" else self.trace.kv_tokens_vanilla
+
+    @property
+    def kv_tokens_by_layer(self) -> list[int] | None:
+        """``[L]`` KV tokens each layer read over every decoding step under Selective Attention eviction
+        (``None`` without it); their mean is ``kv_tokens_read.sum()``."""
+        per_layer = self._per_layer()
+        return None if per_layer is None else per_layer.sum(axis=0).tolist()
+
+    @property
+    def kv_peak_by_layer(self) -> list[int] | None:
+        """``[L]`` the most KV tokens one decoding step read in each layer under eviction: what the layer held,
+        at most its budget (``None`` without eviction or without a decoding step)."""
+        per_layer = self._per_layer()
+        return None if per_layer is None or not len(per_layer) else per_layer.max(axis=0).tolist()
+
+    def _per_layer(self) -> np.ndarray | None:
+        """``kv_tokens_per_layer`` as an ``[n, L]`` integer array (``None`` without eviction)."""
+        if self.kv_tokens_per_layer is None:
+            return None
+        per_layer = np.asarray(self.kv_tokens_per_layer, dtype=np.int64)
+        return per_layer if per_layer.ndim == 2 else None

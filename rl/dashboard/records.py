@@ -86,6 +86,12 @@ def trajectory_record(trajectory: Trajectory, reward: RewardBreakdown, step: int
         "predicted_state": trace.predicted_state.tolist(),
         "kv_tokens": trace.kv_tokens.tolist(),
         "kv_tokens_vanilla": trace.kv_tokens_vanilla.tolist(),
+        # what the engine read per step (the DA trace, causal reads, or under Selective Attention eviction
+        # the mean over layers) and, under eviction, each layer's own reads [n][L] (None without it)
+        "kv_tokens_read": t.kv_tokens_read.tolist(),
+        "kv_tokens_per_layer": None
+        if t.kv_tokens_per_layer is None
+        else np.asarray(t.kv_tokens_per_layer).tolist(),
         "reward": {
             "total": reward.total,
             "accuracy": reward.accuracy,

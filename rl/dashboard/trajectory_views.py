@@ -125,7 +125,9 @@ def samples_table(run: Run) -> str:
     for t in [t for t in run.trajectories if t["step"] == last][:SAMPLE_TABLE_ROWS]:
         try:
             mix = record_mode_mix(t)
-            da, vanilla = sum(t["kv_tokens"]), sum(t["kv_tokens_vanilla"])
+            # what the engine read (under Selective Attention eviction not the DA trace); older records
+            # carry only the trace
+            da, vanilla = sum(t.get("kv_tokens_read") or t["kv_tokens"]), sum(t["kv_tokens_vanilla"])
         except (KeyError, TypeError, IndexError, AttributeError):
             continue  # the attention-map section below says what is wrong with it
         reward = t.get("reward") if isinstance(t.get("reward"), dict) else {}

@@ -88,7 +88,6 @@ def request_accounting(
         request, ids, None, token_table, finish_reason=_FINISH.get(finish_reason or "", "error"),
         kv_tokens_per_layer=kv_tokens_per_layer,
     )  # fmt: skip
-    per_layer = trajectory.kv_tokens_per_layer  # [n, L], or None
     kv = round(float(trajectory.kv_tokens_read.sum()))  # as heed eval sums it
     vanilla = int(trajectory.trace.kv_tokens_vanilla.sum())
     mix = Tally(predicted_modes(trajectory))
@@ -106,10 +105,8 @@ def request_accounting(
         "violations": [v.kind for v in parsed.violations],
         "answer": parsed.answer,
         "protocol_version": layout.protocol_version,
-        "kv_tokens_per_layer": None if per_layer is None else per_layer.sum(axis=0).tolist(),
-        "kv_peak_per_layer": None
-        if per_layer is None or not len(per_layer)
-        else per_layer.max(axis=0).tolist(),
+        "kv_tokens_per_layer": trajectory.kv_tokens_by_layer,
+        "kv_peak_per_layer": trajectory.kv_peak_by_layer,
     }
 
 

@@ -259,6 +259,7 @@ def test_results_feed_the_run_directory_and_dashboard(scripted_report, tmp_path,
     added = {"compliance", "coverage", "kv_saving", "mode_mix_global", "mode_mix_focus", "mode_mix_local"}
     added |= {"kv_tokens_per_example", "kv_tokens_vanilla_per_example"}
     assert all(legacy | added <= set(r) for r in results)
+    assert all(r["kv_tokens_per_layer"] is None and r["kv_peak_per_layer"] is None for r in results)  # no SA
     RunWriter(tmp_path).write_eval("final-test", 40, results)
     run = RunReader(tmp_path).read()
     assert run.skipped == [] and run.evals["final-test"]["results"] == results
@@ -500,9 +501,12 @@ def test_selective_attention_eviction_counts_in_the_kv_reads(rows, tokenizer, to
         steps = sum(len(gold.gold_ids(e)) for e in rows if e["task"] == row.task)
         # every step sees far more than 40 tokens, so the layers read 40 and 24: 32 on average
         assert row.kv_tokens == 32 * steps
+        assert row.kv_tokens_per_layer == [40 * steps, 24 * steps] and row.kv_peak_per_layer == [40, 24]
         assert (
             row.kv_saving == pytest.approx(1 - row.kv_tokens / row.kv_tokens_vanilla) and row.kv_saving > 0.5
         )
+    for record in report.completions():
+        assert record["kv_tokens_per_layer"] == [40 * record["decode_steps"], 24 * record["decode_steps"]]
 
 
 @pytest.mark.parametrize("version", [1, 2])

@@ -120,6 +120,10 @@ def test_the_served_export_reproduces_the_final_eval_and_reports_each_layers_rea
     )
     served_reads = sum(np.mean(h["kv_tokens_per_layer"]) for h in records)  # the mean over layers, as eval
     assert served_reads == pytest.approx(sum(r["kv_tokens_per_example"] * r["n"] for r in final), rel=1e-9)
+    served = np.array([h["kv_tokens_per_layer"] for h in records])  # [examples, L]: each layer's own sum
+    assert served.sum(0).tolist() == np.sum([r["kv_tokens_per_layer"] for r in final], axis=0).tolist()
+    peaks = np.array([h["kv_peak_per_layer"] for h in records]).max(0)
+    assert peaks.tolist() == np.max([r["kv_peak_per_layer"] for r in final], axis=0).tolist()
     for h in records:
         assert all(0 < peak <= budget for peak, budget in zip(h["kv_peak_per_layer"], BUDGETS, strict=True))
         assert h["kv_peak_per_layer"][2] < h["kv_peak_per_layer"][0]  # budgets 128 vs 256: prompts are longer

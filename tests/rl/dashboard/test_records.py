@@ -114,6 +114,10 @@ def test_per_layer_reads_under_eviction(batch):
     assert metrics["kv/tokens_da/layer_00"] == vanilla and metrics["kv/tokens_da/layer_01"] == 40 * steps
     assert metrics["kv/tokens_da"] == pytest.approx((vanilla + 40 * steps) / 2)
     assert metrics["kv/tokens_vanilla"] == vanilla
+    record = json.loads(json.dumps(trajectory_record(evicted[0], rewards[0], step=1, record_id="r0")))
+    n = record["num_tokens"]
+    assert record["kv_tokens_per_layer"] == [[v, 40] for v in record["kv_tokens_vanilla"]]
+    assert record["kv_tokens_read"] == [(v + 40) / 2 for v in record["kv_tokens_vanilla"]] and n > 0
 
 
 def test_record_is_json_and_carries_the_trace(batch):
@@ -122,6 +126,7 @@ def test_record_is_json_and_carries_the_trace(batch):
     assert record["step"] == 3 and record["task"] == "multi_hop" and record["length_bin"] == "<=1K"
     assert [record["states"][i]["mode"] for i in record["predicted_state"]] == [s.mode for s in predicted[0]]
     assert len(record["kv_tokens"]) == len(record["kv_tokens_vanilla"]) == record["num_tokens"]
+    assert record["kv_tokens_read"] == record["kv_tokens"] and record["kv_tokens_per_layer"] is None  # da
     assert record["answer"] == "8 years" and record["violations"] == []
     assert record["layout"]["chunk_spans"] == [list(s) for s in trajectories[0].layout.chunk_spans]
 
