@@ -12,7 +12,11 @@ with the same tolerance, for the SFT policy (``RUN_DIR/budget_search``) and the 
   search than the run's resolves budgets the coarse one rounds up to the same value);
 - each policy's full-cache loss (its own target) and its loss under the SFT budgets and under the GRPO
   budgets (nats per gold completion token, under the DA mask, eviction replayed);
-- the run's own held-out evals after SFT and after GRPO (accuracy, KV-read saving), from state.json.
+- the run's own held-out evals after SFT and after GRPO (accuracy, KV-read saving), from state.json;
+- with ``--positions K``: the K completion positions whose loss decides the search, each policy's mean loss
+  there with the full cache, under the SFT policy's searched budgets and under the budgets GRPO trained
+  under (``grpo_budgets``, when the run scaled them), and the first row's token at that position: which
+  tokens eviction takes away (a chunk number the plan wrote, the value the answer copies, ...).
 
 RL "lowers the budgets reachable at equal quality" if the GRPO search ends lower while the GRPO policy's
 loss target is not worse than the SFT one's.
@@ -50,6 +54,7 @@ def main() -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--step", type=int, default=None, help="default: the run's selective.search_step")
     parser.add_argument("--min-step", type=int, default=None, help="default: the run's search_min_step")
+    parser.add_argument("--positions", type=int, default=0, help="print the K costliest completion positions")
     args = parser.parse_args()
     run_dir = args.run_dir
     config = load_run_config(run_dir / "config.yaml")
@@ -97,14 +102,60 @@ def main() -> None:
         f"{searches['SFT'].evaluations}, GRPO {found.evaluations}"
     )
     state = json.loads((run_dir / "state.json").read_text())
+    if args.positions:
+        columns = {"full": None, "SFT budgets": budgets["SFT"]}
+        if state.get("grpo_budgets"):
+            columns["GRPO's training budgets"] = tuple(state["grpo_budgets"])
+        _print_positions({"SFT": sft, "GRPO": grpo}, batches, columns, tokenizer, args.positions)
     for phase in ("sft", "grpo"):
         da = state.get("eval", {}).get(phase, {}).get("da")
         if da:
             print(
-                f"held-out eval after {phase.upper()} (da, under the searched budgets): accuracy "
+                f"held-out eval after {phase.upper()} (da, under its own budgets): accuracy "
                 f"{da['accuracy']:.3f}, compliance {da['compliance']:.3f}, coverage {da['coverage']:.3f}, "
                 f"KV-read saving {da['kv_saving']:.3f} (n={da['n']})"
             )
+
+
+def loss_by_position(model, batches, budgets) -> list[float]:
+    """Mean cross-entropy (nats) at each completion position over the rows that reach it, with every layer
+    holding at most ``budgets[l]`` tokens (``None``: no eviction), the DA mask on. Position 0 is the first
+    completion token."""
+    import torch
+
+    from rollouts.selective.attention import AttentionState
+
+    totals, counts = [], []
+    with torch.no_grad():
+        for batch in batches:
+            inputs = dict(batch)
+            labels = inputs.pop("labels")[:, 1:]  # [b, n-1]: the model predicts token t+1 at t
+            state = AttentionState(budgets=budgets, padding_mask=inputs.pop("padding_mask"))
+            logits = model(**inputs, heed_state=state).logits[:, :-1].float()  # [b, n-1, V]
+            nll = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), labels.clamp_min(0), reduction="none"
+            )
+            for row, predicted in zip(nll, labels != -100):
+                for k, value in enumerate(row[predicted].tolist()):
+                    if k == len(totals):
+                        totals.append(0.0)
+                        counts.append(0)
+                    totals[k] += value
+                    counts[k] += 1
+    return [t / c for t, c in zip(totals, counts)]
+
+
+def _print_positions(models: dict, batches, columns: dict, tokenizer, k: int) -> None:
+    """The ``k`` completion positions with the largest loss under any of ``columns``' budgets, per policy."""
+    first = batches[0]["labels"][0, 1:]
+    tokens = [tokenizer.decode([t]) for t in first[first != -100].tolist()]
+    print("completion positions by loss (nats, mean over the gold traces); token: the first trace's")
+    for name, model in models.items():
+        losses = {column: loss_by_position(model, batches, b) for column, b in columns.items()}
+        worst = sorted(range(len(tokens)), key=lambda p: -max(v[p] for v in losses.values()))[:k]
+        print(f"{name} policy   " + "".join(f"{column:>24}" for column in columns))
+        for p in sorted(worst):
+            print(f"  {p:>3} {tokens[p]!r:<10}" + "".join(f"{losses[c][p]:>24.3f}" for c in columns))
 
 
 if __name__ == "__main__":
