@@ -5,7 +5,8 @@ a Selective Attention one with per-layer KV budgets. Each decodes the same teach
 (the Acme gold trace over prompts of different seeds, ``vanilla`` mode so every configuration decodes
 the same tokens) as one batch, prefill included (a Selective Attention engine runs without prefix
 caching, so the stock engine does too). Reported, per configuration: generated tokens per second (median
-of ``--reps``, configurations interleaved), and the keys each layer read per generated token. The stock
+of ``--reps``, configurations interleaved), the keys each layer read per generated token, and the most keys
+a decoding request's layer held in the plugin's own KV (evicted keys are dropped from it). The stock
 engine is the ceiling (vLLM's fused CPU attention over the paged cache); the Selective Attention path
 runs Heed's attention function per layer over the step's prefills and decode rows as padded batches
 (rollouts/engines/vllm_selective.py);
@@ -87,6 +88,7 @@ def main() -> None:
     from data.tokenizer import build_tokenizer
     from rollouts.engines.reference import ReferenceEngine
     from rollouts.engines.vllm_engine import VLLMEngine
+    from rollouts.engines.vllm_hooks import selective_counters
 
     budgets = [int(b) for b in args.budgets.split(",")]
     tokenizer = build_tokenizer()
@@ -118,6 +120,9 @@ def main() -> None:
                 order = list(engines)[rep % len(engines) :] + list(engines)[: rep % len(engines)]
                 for name in order:
                     rate, trajectories = timed(engines[name].generate, requests)
+                    if name == "selective+budgets":
+                        (counters,) = engines[name].llm.collective_rpc(selective_counters)
+                        held = counters["decode_held_peak"]
                     rates[name].append(rate)
                     per_layer = [
                         t.kv_tokens_per_layer for t in trajectories if t.kv_tokens_per_layer is not None
@@ -139,6 +144,8 @@ def main() -> None:
         if name.startswith("reference"):
             shown = f"(one request at a time, {len(ref_requests)} requests)"
         print(f"{name:<30}{rate:>10.1f}{rate / stock:>10.2f}   {shown}")
+    print(f"the plugin's KV for a decoding request under budgets, most keys held per layer: {held}")
+    print(f"(vLLM's paged cache keeps every position of every request: {prompt_len:.0f} + completion)")
 
 
 if __name__ == "__main__":

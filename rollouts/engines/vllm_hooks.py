@@ -44,6 +44,16 @@ def _selective_state(runner) -> SelectiveWorkerState | None:
     return state or None
 
 
+def selective_counters(worker) -> dict[str, Any]:
+    """A vLLM worker's Selective Attention counters, for ``llm.collective_rpc(selective_counters)``:
+    ``prefilled_again`` (requests preempted and prefilled again) and ``decode_held_peak`` (per layer, the most
+    keys a decoding request held in the plugin's KV). Empty for a standard model."""
+    state = worker.model_runner.__dict__.get(_SA_STATE_ATTR)
+    if not state:
+        return {}
+    return {"prefilled_again": state.prefilled_again, "decode_held_peak": list(state.decode_held_peak)}
+
+
 def update_states(original, runner, scheduler_output, *args, **kwargs):
     """``GPUModelRunner._update_states``: release finished requests (their accounting waits for the driver)."""
     state = runner.__dict__.get(_STATE_ATTR)

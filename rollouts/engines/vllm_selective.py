@@ -16,7 +16,9 @@ trainer and the reference engine run (:mod:`rollouts.selective.attention`) over 
         the step's fresh prefills, left-padded into one batch:  one selective attention call
         the step's decode rows, right-aligned into one batch:   one selective attention call
         (any other row, e.g. a prompt cut by chunked prefill: one call of its own)
-        each with the request's AttentionState read before and written back after
+        each with the request's AttentionState read before and written back after;
+        under budgets, each request then drops the keys its layer evicted (after a prompt at once,
+        while decoding once EVICTED_SLACK have gathered)
 
 The request's :class:`~rollouts.selective.attention.AttentionState` holds ``F``'s running sums per
 layer and, under budgets, what each layer holds: the prefill replays eviction over the prompt, then each
@@ -28,11 +30,12 @@ each layer read for every generated token is reported (``heed_sa_reports``) and 
 
 Decisions and limits (enforced where they can be; :func:`selective_problems`):
 
-- Keys and values are kept per request, per layer, in growing contiguous buffers beside vLLM's paged
-  cache, which vLLM still fills and schedules by. The paged cache's layout is the backend's own (on CPU it
-  depends on the ISA: AMX packs it), and no backend kernel takes a per-query bias. So an SA model holds
-  its KV twice, and evicted tokens are masked, not freed: the reads are the budget's, the memory is
-  not. Freeing needs a kernel that reads a per-layer kept-token table; that is the next step.
+- Keys and values are kept per request, per layer, in contiguous buffers beside vLLM's paged cache,
+  which vLLM still fills and schedules by. Under budgets these buffers hold what the layer holds: the
+  budget, plus at most ``EVICTED_SLACK`` evicted keys not yet dropped. vLLM's paged cache does not: its
+  layout is the backend's own (on CPU it depends on the ISA: AMX packs it), no backend kernel takes a
+  per-query bias, and its blocks stay allocated for the whole context. Freeing them needs a kernel that
+  reads a per-layer kept-token table; that is the next step.
 - Per layer, one attention call for the step's prefills and one for its decode rows
   (:func:`prefill_together`, :func:`decode_together`), but the requests' keys are copied into a padded
   batch each step and the attention is transformers-level torch, not a paged kernel: a path for rollouts of
@@ -53,14 +56,19 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from rollouts.masks.visibility import visible_keys
 from rollouts.selective.attention import AttentionState, kernel_from_env, selective_attention_forward
 from rollouts.selective.eviction import load_budgets
 from rollouts.selective.mask import MaskAccumulator
+from rollouts.selective.prefill import budgeted_prefill
 
 SA_KEY = "heed_sa_key"  # extra_args key: the accounting key of a request to a Selective Attention model
 MAX_FINISHED_REPORTS = 65536  # reports kept for the driver to collect
+# Evicted keys a decoding layer keeps masked before it drops them: compacting a request's KV costs a copy,
+# so it is done once per this many evictions, not at every step (the prompt's are dropped at once)
+EVICTED_SLACK = 16
 
 
 def is_selective(hf_config) -> bool:
@@ -105,29 +113,56 @@ class _Row:
 
 
 class _LayerKV:
-    """One request's keys and values in one layer, in arrival order: ``[1, kv_heads, n, d]`` views of buffers
-    that double when full (amortised O(1) per token; a copy, never a view of vLLM's activations)."""
+    """One request's held keys and values in one layer, in arrival order: ``[1, kv_heads, n, d]`` views of
+    buffers that double when full (amortised O(1) per token; a copy, never a view of vLLM's activations),
+    and each held key's position. Under budgets :meth:`keep` drops the evicted keys, so a layer holds at
+    most its budget (plus the arriving token) once the prompt is done."""
 
     def __init__(self):
-        self.length = 0
+        self.length = 0  # keys held
+        self.seen = 0  # tokens that arrived: the position of the next one
         self._keys: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
+        self._positions: torch.Tensor | None = None
 
     def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add ``[1, kv_heads, q, d]`` keys and values; return every key and value so far."""
+        """Add ``[1, kv_heads, q, d]`` keys and values; return every held key and value."""
         new = self.length + key.shape[2]
         if self._keys is None or new > self._keys.shape[2]:
-            capacity = max(2 * (0 if self._keys is None else self._keys.shape[2]), new, 64)
-            keys = key.new_empty(*key.shape[:2], capacity, key.shape[3])
-            values = value.new_empty(*value.shape[:2], capacity, value.shape[3])
-            if self._keys is not None:
-                keys[:, :, : self.length] = self._keys[:, :, : self.length]
-                values[:, :, : self.length] = self._values[:, :, : self.length]
-            self._keys, self._values = keys, values
+            self._resize(max(2 * (0 if self._keys is None else self._keys.shape[2]), new, 64), key, value)
         self._keys[:, :, self.length : new] = key
         self._values[:, :, self.length : new] = value
-        self.length = new
+        self._positions[self.length : new] = torch.arange(self.seen, self.seen + key.shape[2])
+        self.length, self.seen = new, self.seen + key.shape[2]
         return self._keys[:, :, :new], self._values[:, :, :new]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """``[length]`` the held keys' positions."""
+        return self._positions[: self.length]
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Hold only the keys at ``index`` (``[m]``, ascending): the rest are evicted and their memory reused
+        (a buffer four times larger than what it holds shrinks)."""
+        m = len(index)
+        keys, values = self._keys[:, :, index], self._values[:, :, index]
+        positions = self._positions[index]
+        if self._keys.shape[2] > 4 * max(m, 16):
+            self._resize(2 * max(m, 16), keys, values, copy=0)
+        self._keys[:, :, :m], self._values[:, :, :m], self._positions[:m] = keys, values, positions
+        self.length = m
+
+    def _resize(self, capacity: int, key: torch.Tensor, value: torch.Tensor, copy: int | None = None) -> None:
+        """New buffers of ``capacity`` tokens, holding the first ``copy`` (default: all held) keys."""
+        copy = self.length if copy is None else copy
+        keys = key.new_empty(*key.shape[:2], capacity, key.shape[3])
+        values = value.new_empty(*value.shape[:2], capacity, value.shape[3])
+        positions = torch.empty(capacity, dtype=torch.long)
+        if copy:
+            keys[:, :, :copy] = self._keys[:, :, :copy]
+            values[:, :, :copy] = self._values[:, :, :copy]
+            positions[:copy] = self._positions[:copy]
+        self._keys, self._values, self._positions = keys, values, positions
 
 
 @dataclass
@@ -156,6 +191,7 @@ class SelectiveWorkerState:
         self.requests: dict[str, _SelectiveRequest] = {}
         self.finished: dict[str, dict[str, Any]] = {}
         self.prefilled_again = 0  # requests vLLM preempted and prefilled again (their state restarted)
+        self.decode_held_peak = [0] * self.num_layers  # per layer: the most keys a decoding request held
         self.step: list[_Row] | None = None
         self.num_tokens = 0
         self._install(runner)
@@ -264,10 +300,10 @@ def selective_forward(
         request = worker.requests[row.req_id]
         tokens = slice(row.start, row.start + row.query_len)
         layer_kv = request.kv.setdefault(layer_idx, _LayerKV())
-        if layer_kv.length != row.position:
+        if layer_kv.seen != row.position:
             raise RuntimeError(
-                f"request {row.req_id}: layer {layer_idx} holds {layer_kv.length} keys but the step starts at "
-                f"position {row.position}"
+                f"request {row.req_id}: layer {layer_idx} has seen {layer_kv.seen} tokens but the step starts "
+                f"at position {row.position}"
             )
         keys, values = layer_kv.append(
             key[tokens].transpose(0, 1)[None],  # [1, kv_heads, q, d]
@@ -279,9 +315,9 @@ def selective_forward(
         if row.position == 0 and row.da_keys is None:
             prefilling.append((row, request, keys, values))
             continue
-        mask = None
-        if row.da_keys is not None:
-            mask = torch.from_numpy(row.da_keys).to(query.device).view(1, 1, 1, -1)
+        mask, visible = None, _held_visible(row, layer_kv)
+        if visible is not None:
+            mask = torch.from_numpy(visible).to(query.device).view(1, 1, 1, -1)
         out, _ = selective_attention_forward(
             module,
             query[tokens].transpose(0, 1)[None],  # [1, heads, q, d]
@@ -294,6 +330,7 @@ def selective_forward(
         )
         output[tokens] = out[0].to(output.dtype)  # [q, heads, d]
         _record_reads(worker, request, row, layer_idx, request.state.kv_reads[layer_idx][0])
+        _drop_evicted(request, layer_idx, slack=EVICTED_SLACK)
     if prefilling:
         outs, reads = prefill_together(
             layer_idx,
@@ -306,19 +343,50 @@ def selective_forward(
         for (row, request, *_), out, row_reads in zip(prefilling, outs, reads):
             output[row.start : row.start + row.query_len] = out.to(output.dtype)
             _record_reads(worker, request, row, layer_idx, row_reads)
+            _drop_evicted(request, layer_idx)
     if decoding:
         starts = [row.start for row, *_ in decoding]
         out, reads = decode_together(
             layer_idx,
             query[starts].unsqueeze(2),  # [R, heads, 1, d]
-            [(keys, values, row.da_keys, request.state) for row, request, keys, values in decoding],
+            [
+                (keys, values, _held_visible(row, request.kv[layer_idx]), request.state)
+                for row, request, keys, values in decoding
+            ],
             impl.scale,
             worker.budgets,
         )
         output[starts] = out.to(output.dtype)
         for (row, request, *_), n in zip(decoding, reads.tolist()):
             _record_reads(worker, request, row, layer_idx, [n])
+            _drop_evicted(request, layer_idx, slack=EVICTED_SLACK)
+            held = request.kv[layer_idx].length
+            worker.decode_held_peak[layer_idx] = max(worker.decode_held_peak[layer_idx], held)
     return output
+
+
+def _held_visible(row: _Row, layer_kv: _LayerKV) -> np.ndarray | None:
+    """``[held]`` which held keys a masked DA decode row may read (``row.da_keys`` is by position), or None."""
+    return None if row.da_keys is None else row.da_keys[layer_kv.positions.numpy()]
+
+
+def _drop_evicted(request: _SelectiveRequest, layer_idx: int, slack: int = 0) -> None:
+    """Under budgets: forget the keys, values and running ``F`` sums of the tokens ``layer_idx`` evicted once
+    there are more than ``slack`` of them, so the layer holds at most its budget plus ``slack`` masked keys.
+    Its state's ``held`` is then all True."""
+    state = request.state
+    held = state.held.get(layer_idx)
+    if held is None:
+        return
+    layer_kv = request.kv[layer_idx]
+    # A layer holds every token that arrived, up to its budget (each arrival past it evicts one)
+    if layer_kv.length - min(layer_kv.seen, state.budgets[layer_idx]) <= slack:
+        return
+    index = held[0].nonzero()[:, 0]
+    layer_kv.keep(index)
+    accumulator = state.accumulators[layer_idx]
+    accumulator.total = accumulator.total[:, index]
+    state.held[layer_idx] = held.new_ones(1, len(index))
 
 
 def _record_reads(worker, request, row, layer_idx: int, reads) -> None:
@@ -348,7 +416,9 @@ def prefill_together(
     (``L = max n_r``, left padding): padding keys are hidden from every query and padding queries see only
     themselves, as in the trainer's padded forward, and the eviction replay skips them
     (``AttentionState.padding_mask``). So ``F``, the replayed evictions and the outputs are each prompt's
-    own, and the replay's loop over positions runs once for the batch instead of once per request.
+    own, and the replay's loop over positions runs once for the batch instead of once per request. Under
+    budgets the prompt is streamed over the held tokens (:func:`rollouts.selective.prefill.budgeted_prefill`,
+    no ``[R, L, L]`` tensor), and the ``F`` sums of the keys it evicted are left at 0.
     """
     lengths = [q.shape[2] for q in queries]
     width = max(lengths)
@@ -361,10 +431,14 @@ def prefill_together(
     for r, (q, (k, v, _), n) in enumerate(zip(queries, requests, lengths)):
         query[r, :, width - n :], keys[r, :, width - n :], values[r, :, width - n :] = q[0], k[0], v[0]
         real[r, width - n :] = True
+    if budgets is not None:
+        return _prefill_under_budget(
+            layer_idx, query, keys, values, real, requests, lengths, budgets, scaling
+        )
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     eye = torch.eye(width, dtype=torch.bool, device=device)
     visible = (causal & real[:, None, :] & real[:, :, None]) | (eye & ~real[:, :, None])  # [R, L, L]
-    together = AttentionState(budgets=budgets, padding_mask=real)
+    together = AttentionState(padding_mask=real)
     out, _ = selective_attention_forward(
         types.SimpleNamespace(layer_idx=layer_idx),
         query,
@@ -381,10 +455,29 @@ def prefill_together(
     for r, ((_, _, state), n) in enumerate(zip(requests, lengths)):
         state.accumulators[layer_idx] = MaskAccumulator()
         state.accumulators[layer_idx].total = total[r : r + 1, width - n :]
-        if budgets is not None:
-            state.held[layer_idx] = together.held[layer_idx][r : r + 1, width - n :]
         outs.append(out[r, width - n :])
         row_reads.append(reads[r, width - n :])
+    return outs, row_reads
+
+
+def _prefill_under_budget(layer_idx, query, keys, values, real, requests, lengths, budgets, scaling):
+    """:func:`prefill_together` under budgets, streamed over the held tokens
+    (:func:`rollouts.selective.prefill.budgeted_prefill`). Each state gets what the layer holds as a mask
+    over the prompt, and ``F`` sums for the held keys (0 for the evicted ones, which nobody reads again)."""
+    width = query.shape[2]
+    result = budgeted_prefill(query, keys, values, real, budgets[layer_idx], scaling)
+    outs, row_reads = [], []
+    for r, ((_, _, state), n) in enumerate(zip(requests, lengths)):
+        held = result.held[r]
+        filled = held >= 0
+        positions = held[filled] - (width - n)  # [kept] into the request's own prompt
+        state.held[layer_idx] = torch.zeros(1, n, dtype=torch.bool, device=held.device)
+        state.held[layer_idx][0, positions] = True
+        state.accumulators[layer_idx] = MaskAccumulator()
+        state.accumulators[layer_idx].total = result.total.new_zeros(1, n)
+        state.accumulators[layer_idx].total[0, positions] = result.total[r, filled]
+        outs.append(result.out[r, :, width - n :].transpose(0, 1))  # [n, heads, d]
+        row_reads.append(result.reads[r, width - n :])
     return outs, row_reads
 
 
@@ -397,8 +490,8 @@ def decode_together(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of one layer for ``R`` requests in one call: ``(out [R, heads, d], reads [R])``.
 
-    ``requests[r]``: request ``r``'s keys and values so far ``[1, kv_heads, n_r, d]`` (the arriving token's
-    last), the keys its DA mode lets it read (``[n_r]`` bool, or None) and its
+    ``requests[r]``: request ``r``'s held keys and values ``[1, kv_heads, n_r, d]`` (the arriving token's
+    last), which of them its DA mode lets it read (``[n_r]`` bool, or None) and its
     :class:`~rollouts.selective.attention.AttentionState`, whose running ``F`` sums and held tokens for the
     layer are read and written back. The requests are right-aligned in one ``[R, kv_heads, L, d]`` batch
     (``L = max n_r``): each arriving token is the last key, as Selective Attention's query over a cache
@@ -407,25 +500,24 @@ def decode_together(
     instead of ``R``.
     """
     lengths = [keys.shape[2] for keys, *_ in requests]
-    width = max(lengths)
-    first = requests[0][0]
-    batch, kv_heads, head_dim = len(requests), first.shape[1], first.shape[3]
-    keys = first.new_zeros(batch, kv_heads, width, head_dim)
-    values = first.new_zeros(batch, kv_heads, width, head_dim)
-    visible = torch.zeros(batch, width, dtype=torch.bool, device=first.device)
-    total = torch.zeros(batch, width - 1, dtype=torch.float32, device=first.device)
-    held = torch.zeros(batch, width - 1, dtype=torch.bool, device=first.device) if budgets else None
-    for r, ((k, v, da_keys, state), n) in enumerate(zip(requests, lengths)):
-        pad = width - n
-        keys[r, :, pad:] = k[0]
-        values[r, :, pad:] = v[0]
-        visible[r, pad:] = True if da_keys is None else torch.from_numpy(da_keys).to(first.device)
+    width, device = max(lengths), query.device
+    for (*_, state), n in zip(requests, lengths):
         accumulator = state.accumulators.get(layer_idx)
         if accumulator is None or accumulator.total is None or accumulator.total.shape[-1] != n - 1:
             raise RuntimeError("decoding continues a prefill run with the same AttentionState")
-        total[r, pad:] = accumulator.total[0]
-        if held is not None:
-            held[r, pad:] = state.held[layer_idx][0]
+
+    def right_aligned(rows: list[torch.Tensor]) -> torch.Tensor:  # [n_r, ...] each -> [R, L, ...]
+        return pad_sequence(rows, batch_first=True, padding_side="left")
+
+    keys = right_aligned([k[0].transpose(0, 1) for k, *_ in requests]).transpose(1, 2)  # [R, kv_heads, L, d]
+    values = right_aligned([v[0].transpose(0, 1) for _, v, *_ in requests]).transpose(1, 2)
+    pads = torch.tensor([width - n for n in lengths], device=device)
+    visible = torch.arange(width, device=device)[None, :] >= pads[:, None]  # [R, L]
+    for r, ((*_, da_keys, _), n) in enumerate(zip(requests, lengths)):
+        if da_keys is not None:
+            visible[r, width - n :] = torch.from_numpy(da_keys).to(device)
+    total = right_aligned([state.accumulators[layer_idx].total[0] for *_, state in requests])  # [R, L - 1]
+    held = right_aligned([state.held[layer_idx][0] for *_, state in requests]) if budgets else None
     together = AttentionState(budgets=budgets)
     together.accumulators[layer_idx] = MaskAccumulator()
     together.accumulators[layer_idx].total = total

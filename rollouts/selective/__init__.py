@@ -7,6 +7,8 @@
 - :mod:`~rollouts.selective.kernel` -- the same attention as fused Triton kernels (CUDA).
 - :mod:`~rollouts.selective.eviction` -- KV eviction under per-layer budgets: the mechanism and its
   scoring policies (Selective, H2O, TOVA).
+- :mod:`~rollouts.selective.prefill` -- a prefill under a KV budget streamed over the held tokens (the vLLM
+  path's; no ``[n, n]`` tensor).
 - :mod:`~rollouts.selective.decode` -- a reference decoding loop with a compacted per-layer cache.
 - :mod:`~rollouts.selective.constants` -- names and numbers, torch-free.
 

@@ -133,7 +133,7 @@ def _selective_mask(module, query, key, visible, scaling, state: AttentionState 
     """``F`` ``[b, q, kv]`` of this layer from head 0, and ``visible`` narrowed by replayed eviction."""
     q_len, kv_len = query.shape[2], key.shape[2]
     layer = module.layer_idx
-    head0 = _head0_logits(query, key, scaling)  # [b, q, kv]
+    head0 = head0_logits(query, key, scaling)  # [b, q, kv]
     if state is not None and state.branches is not None:
         return _branched_mask(state, layer, head0, visible)
     if q_len == kv_len:  # nothing cached before these queries: the sequence starts here
@@ -225,7 +225,7 @@ def _arrive(state: AttentionState, layer: int, mask: torch.Tensor) -> torch.Tens
     return state.held[layer]
 
 
-def _head0_logits(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+def head0_logits(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
     """``[b, q, kv]`` float32: head 0's raw logits, the selection logits of every layer."""
     return torch.matmul(query[:, 0].float(), key[:, 0].float().transpose(-1, -2)) * scaling
 
@@ -241,7 +241,7 @@ def _repeat_kv(query, key, value) -> tuple[torch.Tensor, torch.Tensor]:
     return key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
 
 
-def _softmax_attention(query, key, value, visible, bias, scaling, dropout) -> torch.Tensor:
+def softmax_attention(query, key, value, visible, bias, scaling, dropout) -> torch.Tensor:
     """SDPA of ``logits + bias`` over the ``visible`` keys; ``[b, h, q, d]``."""
     key, value = _repeat_kv(query, key, value)
     mask = _additive_mask(visible, bias, query.dtype)
@@ -328,7 +328,7 @@ def _attention(
         state.attention[module.layer_idx] = probs.float().mean(1)
         out = torch.matmul(F_nn.dropout(probs, dropout), value)
     else:
-        out = _softmax_attention(query, key, value, visible, bias, scaling, dropout)
+        out = softmax_attention(query, key, value, visible, bias, scaling, dropout)
     return out.transpose(1, 2).contiguous(), None
 
 

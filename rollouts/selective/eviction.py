@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .constants import CONFIG_KEY, MIN_BUDGET
@@ -141,59 +142,78 @@ def selective_keep_mask(
     (:func:`rollouts.selective.mask.branched_shifted_cumsum`: 0 on the prefix, ``j`` on branch ``j``, -1
     on padding after them; the prefix ends at the same position in every row, as a batch of prompts
     left-padded to one width does). Each branch starts from what the layer held at the end of the prefix,
-    as a continuation decoded on its own does; ``mask`` is then the branched ``F``. The branches of every
-    row are replayed side by side, so the steps after the prefix are the longest branch's, not their sum.
-    Padding after the branches holds nothing.
+    as a continuation decoded on its own does; ``mask`` is then the branched ``F``. Padding after the
+    branches holds nothing.
+
+    The replay is sequential (each eviction depends on the ones before) but small: :func:`replay_evictions`
+    steps every sequence at once with numpy (``F`` is copied to the CPU when it lives elsewhere), and the
+    held sets of all queries follow from when each key was evicted.
     """
     b, n, _ = mask.shape
     if budget < MIN_BUDGET:
         raise ValueError(f"budget must be >= {MIN_BUDGET}, got {budget}")
-    device = mask.device
-    real = torch.ones(b, n, dtype=torch.bool, device=device)
+    real = np.ones((b, n), dtype=bool)
     if padding_mask is not None:
-        real = padding_mask.to(device=device, dtype=torch.bool)
-    bos = real.int().argmax(-1)  # [b]
+        real = padding_mask.detach().to(device="cpu", dtype=torch.bool).numpy()
     prefix = n
     if branches is not None:
-        branches = branches.to(device)
+        branches = branches.detach().cpu()
         prefix = int((branches == 0).all(0).int().cumprod(0).sum())  # positions 0 .. prefix - 1
         if (branches[:, prefix:] == 0).any():
             raise ValueError("branches: the shared prefix must end at the same position in every row")
-    keep = torch.zeros(b, n, n, dtype=torch.bool, device=device)
-    # Until some row holds K tokens nothing is evicted: every real token so far is held (one op, not a step
-    # per token)
-    calm = min(prefix, int((real.cumsum(-1) <= budget).all(0).int().cumprod(0).sum()))
-    causal = torch.ones(calm, calm, dtype=torch.bool, device=device).tril()
-    keep[:, :calm, :calm] = real[:, None, :calm] & causal
-    held = torch.zeros(b, n, dtype=torch.bool, device=device)
-    held[:, :calm] = real[:, :calm]
-    for i in range(calm, prefix):
-        held = _arrive_one(held, mask[:, i], real[:, i], torch.full_like(bos, i), budget, bos)
-        keep[:, i] = held
-    if branches is None:
-        return keep
-    # Every (row, branch) continues from its row's prefix state: one sequence each, stepped together.
-    row, first = branch_starts(branches).nonzero(as_tuple=True)  # [S]: each branch's row and first position
-    length = (branches[row] == branches[row, first][:, None]).sum(-1)  # [S] tokens of each branch
-    held = held[row]  # [S, n]
-    for step in range(int(length.max()) if len(row) else 0):
-        live = step < length
-        at = (first + step).clamp(max=n - 1)  # [S] each branch's position at this step
-        held = _arrive_one(held, mask[row, at], real[row, at] & live, at, budget, bos[row])
-        keep[row[live], at[live]] = held[live]
-    return keep
+    f = mask.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+    held = np.zeros((b, n), dtype=bool)
+    evicted = replay_evictions(f, real, budget, np.arange(b), np.zeros(b, np.int64), np.full(b, prefix), held)
+    queries = np.arange(n)
+    keep = np.zeros((b, n, n), dtype=bool)
+    # Query i holds key k if k is real, k <= i, and k was not evicted by the time i arrived
+    keep[:, :prefix, :prefix] = (
+        real[:, None, :prefix]
+        & (queries[None, :prefix, None] >= queries[None, None, :prefix])
+        & (evicted[:, None, :prefix] > queries[None, :prefix, None])
+    )
+    if branches is not None:
+        # Every (row, branch) continues from its row's prefix state: one sequence each.
+        row, first = branch_starts(branches).nonzero(as_tuple=True)  # [S] each branch's row, first position
+        length = (branches[row] == branches[row, first][:, None]).sum(-1)  # [S] tokens of each branch
+        row, first, stop = row.numpy(), first.numpy(), (first + length).numpy()
+        member = held[row]  # [S, n] what each branch starts from
+        evicted = replay_evictions(f, real, budget, row, first, stop, held[row])  # [S, n]
+        for s, (r, a, z) in enumerate(zip(row, first, stop)):
+            member[s, a:z] = real[r, a:z]
+            span = queries[a:z, None]  # [len, 1] this branch's queries
+            keep[r, a:z] = member[s][None] & (queries[None] <= span) & (evicted[s][None] > span)
+    return torch.from_numpy(keep).to(mask.device)
 
 
-def _arrive_one(held, f_row, arriving, position, budget: int, bos) -> torch.Tensor:
-    """One greedy step for ``s`` sequences: ``held`` ``[s, n]``, the arriving tokens' ``F`` rows ``f_row``
-    ``[s, n]``, whether each is real (``arriving`` ``[s]``), at ``position`` ``[s]``. A full sequence
-    evicts its most-masked held token (never <BOS>, ``bos`` ``[s]``), then the arriving token enters."""
-    rows = torch.arange(held.shape[0], device=held.device)
-    full = arriving & (held.sum(-1) >= budget)
-    evictable = held.clone()
-    evictable[rows, bos] = False
-    victim = evict_index(f_row, evictable)
-    held = held.clone()
-    held[rows[full], victim[full]] = False
-    held[rows, position] |= arriving
-    return held
+def replay_evictions(f, real, budget: int, rows, starts, stops, held) -> np.ndarray:
+    """Greedy eviction for ``S`` sequences at once: ``[S, n]``, the position at whose arrival each key was
+    evicted (``n`` when never).
+
+    Sequence ``s`` steps through positions ``starts[s] .. stops[s] - 1`` of row ``rows[s]`` (``f`` ``[b, n,
+    n]`` numpy, ``real`` ``[b, n]``), from what it holds, ``held[s]`` (``[S, n]`` bool, updated in place; its
+    first held position is <BOS>). An arriving real token evicts, when ``K`` are held, the held token with
+    the largest ``F`` in its row (never <BOS>, the oldest on ties, as :func:`evict_index`), then enters.
+    """
+    n, seqs = real.shape[1], np.arange(len(rows))
+    evicted = np.full((len(rows), n), n, dtype=np.int64)
+    if len(rows) == 0 or (stops - starts).max() <= 0:
+        return evicted
+    position = starts[:, None] + np.arange(int((stops - starts).max()))  # [S, T]
+    arriving = (position < stops[:, None]) & real[rows[:, None], position.clip(max=n - 1)]
+    free = arriving & (held.sum(1)[:, None] + arriving.cumsum(1) <= budget)  # enters while not yet full
+    s_free, t_free = free.nonzero()
+    held[s_free, position[s_free, t_free]] = True  # a sequence's first eviction comes after these
+    bos, holds = held.argmax(1), held.any(1)  # each sequence's first held position, if it holds any
+    evictable = held  # every held token but <BOS> (put back at the end): what may be evicted
+    evictable[seqs, bos] = False
+    evicting = arriving & ~free  # [S, T]
+    for t in np.flatnonzero(evicting.any(0)):
+        s = seqs if evicting[:, t].all() else np.flatnonzero(evicting[:, t])
+        i = position[s, t]
+        victim = np.where(evictable[s], f[rows[s], i], -np.inf).argmax(1)  # the oldest of the most masked
+        evictable[s, victim] = False
+        evictable[s, i] = True
+        evicted[s, victim] = i
+    held[seqs, bos] |= holds
+    return evicted

@@ -81,7 +81,7 @@ def selection_matrix(head0_logits: torch.Tensor, visible: torch.Tensor | None = 
     if visible is not None:
         vis = vis & visible.to(device=logits.device, dtype=torch.bool)
     vis = vis.expand(logits.shape)
-    bos = vis.int().argmax(-1, keepdim=True)  # [..., q, 1] first visible key (0 for an empty row)
+    bos = vis.to(torch.uint8).argmax(-1, keepdim=True)  # [..., q, 1] first visible key (0 if none)
     not_bos = torch.ones_like(vis).scatter_(-1, bos, False)
     not_self = (
         torch.arange(kv, device=logits.device) != torch.arange(kv - q, kv, device=logits.device)[:, None]

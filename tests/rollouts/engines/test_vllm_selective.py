@@ -103,7 +103,7 @@ def preempted(checkpoints, tokenizer):
     on vLLM and on the reference engine."""
     from rollouts.engines import RolloutRequest
     from rollouts.engines.reference import ReferenceEngine
-    from rollouts.engines.vllm_hooks import _SA_STATE_ATTR
+    from rollouts.engines.vllm_hooks import selective_counters
     from rollouts.protocol import PromptLayout
 
     from .fresh_engine_probe import probe_layout
@@ -118,19 +118,23 @@ def preempted(checkpoints, tokenizer):
     engine_kwargs = dict(max_num_seqs=4, num_gpu_blocks_override=16, max_model_len=448)
     with tiny_vllm_engine(checkpoints["budgets"], multiprocessing=False, **engine_kwargs) as engine:
         got = engine.generate(requests)
-        (again,) = engine.llm.collective_rpc(
-            lambda worker: worker.model_runner.__dict__[_SA_STATE_ATTR].prefilled_again
-        )
-    return requests, reference, got, again
+        (counters,) = engine.llm.collective_rpc(selective_counters)
+    return requests, reference, got, counters
 
 
 def test_preempted_requests_and_a_short_prompt_replay_their_evictions_exactly(preempted):
-    requests, reference, got, prefilled_again = preempted
-    assert prefilled_again >= 1  # vLLM did preempt: 3 x 13 blocks cannot share 16
+    from rollouts.engines.vllm_selective import EVICTED_SLACK
+
+    requests, reference, got, counters = preempted
+    assert counters["prefilled_again"] >= 1  # vLLM did preempt: 3 x 13 blocks cannot share 16
     for request, ref, out in zip(requests, reference, got):
         assert out.error is None and out.completion_ids == ref.completion_ids
         assert _gaps(out, ref).max() <= TOLERANCE, request.mode
         assert np.array_equal(out.kv_tokens_per_layer, ref.kv_tokens_per_layer), request.mode
+    # The plugin's own KV dropped what each layer evicted: at most the budget and the slack it lets gather
+    # (the requests decode 300 tokens, so without dropping a layer would hold 396)
+    held = np.asarray(counters["decode_held_peak"])
+    assert (held >= np.asarray(BUDGETS)).all() and (held <= np.asarray(BUDGETS) + EVICTED_SLACK).all(), held
     short = got[-1].kv_tokens_per_layer  # [40, 4]: position p holds min(p + 1, budget) keys
     positions = requests[-1].layout.prompt_len - 1 + np.arange(len(short))
     assert np.array_equal(short, np.minimum(positions[:, None] + 1, np.asarray(BUDGETS)[None, :]))

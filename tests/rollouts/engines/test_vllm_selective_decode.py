@@ -94,8 +94,50 @@ def test_prefilling_together_is_prefilling_one_at_a_time(budgets):
     for r, ((expected, state_alone), state) in enumerate(zip(alone, states)):
         torch.testing.assert_close(outs[r], expected, atol=1e-6, rtol=1e-5, msg=f"request {r}")
         assert torch.equal(reads[r], state_alone.kv_reads[LAYER][0])
-        torch.testing.assert_close(state.accumulators[LAYER].total, state_alone.accumulators[LAYER].total)
+        held = slice(None)
         if budgets:
             assert torch.equal(state.held[LAYER], state_alone.held[LAYER])
+            held = state.held[LAYER][0]  # evicted keys' F sums are never read again (left at 0)
+        total, total_alone = state.accumulators[LAYER].total, state_alone.accumulators[LAYER].total
+        torch.testing.assert_close(total[:, held], total_alone[:, held])
     if budgets:
         assert reads[1].max().item() == budgets[LAYER]  # the budget bit inside the longest prompt
+
+
+def test_dropping_the_evicted_keys_is_masking_them():
+    """Twelve decoding steps under budgets, twice from the same prefill: once over every key with the evicted
+    ones masked (``decode_together`` as a cache that keeps everything), once dropping the evicted keys,
+    values and ``F`` sums after every step as the engine does (``_drop_evicted``, slack 0). The outputs and
+    reads agree, and the dropping copy never holds more than the budget."""
+    from rollouts.engines.vllm_selective import _drop_evicted, _LayerKV, _SelectiveRequest
+
+    budgets = (4, 5, 3)
+    g = torch.Generator().manual_seed(3)
+    n, steps = 9, 12
+    keys, values = (torch.randn(1, KV_HEADS, n + steps, D, generator=g) for _ in range(2))
+    queries = torch.randn(1, HEADS, n + steps, D, generator=g) * 2
+    masked = AttentionState(budgets=budgets)
+    module = types.SimpleNamespace(layer_idx=LAYER)
+    selective_attention_forward(
+        module, queries[:, :, :n], keys[:, :, :n], values[:, :, :n], None, heed_state=masked
+    )
+    dropping = _SelectiveRequest(key=None, prompt_len=n, state=copy.deepcopy(masked))
+    layer_kv = dropping.kv[LAYER] = _LayerKV()
+    layer_kv.append(keys[:, :, :n], values[:, :, :n])
+    _drop_evicted(dropping, LAYER)
+    assert layer_kv.length == budgets[LAYER] and layer_kv.positions.tolist()[0] == 0  # <BOS> stays
+    for t in range(n, n + steps):
+        query = queries[:, :, t : t + 1]
+        expected, reads = decode_together(
+            LAYER, query, [(keys[:, :, : t + 1], values[:, :, : t + 1], None, masked)], D**-0.5, budgets
+        )
+        held_keys, held_values = layer_kv.append(keys[:, :, t : t + 1], values[:, :, t : t + 1])
+        out, dropped_reads = decode_together(
+            LAYER, query, [(held_keys, held_values, None, dropping.state)], D**-0.5, budgets
+        )
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5, msg=f"step {t}")
+        assert dropped_reads.tolist() == reads.tolist() == [budgets[LAYER]]
+        _drop_evicted(dropping, LAYER)
+        assert layer_kv.length == budgets[LAYER]
+        # the keys the dropping copy holds are the ones the masking one still holds
+        assert layer_kv.positions.tolist() == masked.held[LAYER][0].nonzero()[:, 0].tolist()
