@@ -5,8 +5,9 @@ a Selective Attention one with per-layer KV budgets. Each decodes the same teach
 (the Acme gold trace over prompts of different seeds, ``vanilla`` mode so every configuration decodes
 the same tokens) as one batch, prefill included (a Selective Attention engine runs without prefix
 caching, so the stock engine does too). Reported, per configuration: generated tokens per second (median
-of ``--reps``, configurations interleaved), the keys each layer read per generated token, and the most keys
-a decoding request's layer held in the plugin's own KV (evicted keys are dropped from it). The stock
+of ``--reps``, configurations interleaved), the keys each layer read per generated token, the largest
+log-prob difference between the budgeted engine and the reference engine on the same requests, and the
+most keys a decoding request's layer held in the plugin's own KV (evicted keys are dropped from it). The stock
 engine is the ceiling (vLLM's fused CPU attention over the paged cache); the Selective Attention path
 runs Heed's attention function per layer over the step's prefills and decode rows as padded batches
 (rollouts/engines/vllm_selective.py);
@@ -123,14 +124,19 @@ def main() -> None:
                     if name == "selective+budgets":
                         (counters,) = engines[name].llm.collective_rpc(selective_counters)
                         held = counters["decode_held_peak"]
+                        budgeted = trajectories[: args.reference_requests]
                     rates[name].append(rate)
                     per_layer = [
                         t.kv_tokens_per_layer for t in trajectories if t.kv_tokens_per_layer is not None
                     ]
                     if per_layer:
                         reads[name] = np.concatenate(per_layer).mean(0)
-                rate, _ = timed(reference.generate, ref_requests)
+                rate, expected = timed(reference.generate, ref_requests)
                 rates["reference selective+budgets"].append(rate)
+                gap = max(
+                    float(np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max())
+                    for a, b in zip(budgeted, expected)
+                )
         finally:
             for engine in engines.values():
                 engine.close()
@@ -144,6 +150,7 @@ def main() -> None:
         if name.startswith("reference"):
             shown = f"(one request at a time, {len(ref_requests)} requests)"
         print(f"{name:<30}{rate:>10.1f}{rate / stock:>10.2f}   {shown}")
+    print(f"selective+budgets against the reference engine, the same requests: max |logp diff| {gap:.1e}")
     print(f"the plugin's KV for a decoding request under budgets, most keys held per layer: {held}")
     print(f"(vLLM's paged cache keeps every position of every request: {prompt_len:.0f} + completion)")
 

@@ -16,9 +16,10 @@ trainer and the reference engine run (:mod:`rollouts.selective.attention`) over 
         the step's fresh prefills, left-padded into one batch:  one selective attention call
         the step's decode rows, right-aligned into one batch:   one selective attention call
         (any other row, e.g. a prompt cut by chunked prefill: one call of its own)
-        each with the request's AttentionState read before and written back after;
-        under budgets, each request then drops the keys its layer evicted (after a prompt at once,
-        while decoding once EVICTED_SLACK have gathered)
+        each with the request's AttentionState read before and written back after
+    under budgets, a prefilled request's layer hands what it holds (keys, values, F sums) to the layer's
+    HeldCache (rollouts.selective.held_cache: a row per request) and drops its copy of the prompt; its
+    decode rows then run there: one batched step per layer, evicted keys dropped EVICTED_SLACK at a time
 
 The request's :class:`~rollouts.selective.attention.AttentionState` holds ``F``'s running sums per
 layer and, under budgets, what each layer holds: the prefill replays eviction over the prompt, then each
@@ -30,16 +31,16 @@ each layer read for every generated token is reported (``heed_sa_reports``) and 
 
 Decisions and limits (enforced where they can be; :func:`selective_problems`):
 
-- Keys and values are kept per request, per layer, in contiguous buffers beside vLLM's paged cache,
-  which vLLM still fills and schedules by. Under budgets these buffers hold what the layer holds: the
-  budget, plus at most ``EVICTED_SLACK`` evicted keys not yet dropped. vLLM's paged cache does not: its
-  layout is the backend's own (on CPU it depends on the ISA: AMX packs it), no backend kernel takes a
-  per-query bias, and its blocks stay allocated for the whole context. Freeing them needs a kernel that
-  reads a per-layer kept-token table; that is the next step.
+- Keys and values are kept beside vLLM's paged cache, which vLLM still fills and schedules by: per request
+  and layer in contiguous buffers, or under budgets, once the prompt is done, in the layer's HeldCache,
+  which holds the budget plus at most ``EVICTED_SLACK`` evicted keys not yet dropped. vLLM's paged cache
+  does not shrink: its layout is the backend's own (on CPU it depends on the ISA: AMX packs it), no backend
+  kernel takes a per-query bias, and its blocks stay allocated for the whole context. Freeing them needs a
+  kernel that reads a per-layer kept-token table; that is the next step.
 - Per layer, one attention call for the step's prefills and one for its decode rows
-  (:func:`prefill_together`, :func:`decode_together`), but the requests' keys are copied into a padded
-  batch each step and the attention is transformers-level torch, not a paged kernel: a path for rollouts of
-  small models, not a serving kernel.
+  (:func:`prefill_together`, :func:`decode_together` or :meth:`HeldCache.step`), but the attention is
+  transformers-level torch over padded batches, not a paged kernel: a path for rollouts of small models,
+  not a serving kernel.
 - A request's first step must prefill it from position 0: a prefix-cache hit has no query rows to
   select with, so prefix caching is refused, and a prompt cut by chunked prefill fails naming the
   request. A preempted request is prefilled again from scratch, which replays ``F`` and eviction
@@ -61,6 +62,7 @@ from torch.nn.utils.rnn import pad_sequence
 from rollouts.masks.visibility import visible_keys
 from rollouts.selective.attention import AttentionState, kernel_from_env, selective_attention_forward
 from rollouts.selective.eviction import load_budgets
+from rollouts.selective.held_cache import HeldCache
 from rollouts.selective.mask import MaskAccumulator
 from rollouts.selective.prefill import budgeted_prefill
 
@@ -113,56 +115,33 @@ class _Row:
 
 
 class _LayerKV:
-    """One request's held keys and values in one layer, in arrival order: ``[1, kv_heads, n, d]`` views of
-    buffers that double when full (amortised O(1) per token; a copy, never a view of vLLM's activations),
-    and each held key's position. Under budgets :meth:`keep` drops the evicted keys, so a layer holds at
-    most its budget (plus the arriving token) once the prompt is done."""
+    """One request's keys and values in one layer, in arrival order: ``[1, kv_heads, n, d]`` views of buffers
+    that double when full (amortised O(1) per token; a copy, never a view of vLLM's activations)."""
 
     def __init__(self):
-        self.length = 0  # keys held
-        self.seen = 0  # tokens that arrived: the position of the next one
+        self.length = 0
         self._keys: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
-        self._positions: torch.Tensor | None = None
 
     def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add ``[1, kv_heads, q, d]`` keys and values; return every held key and value."""
+        """Add ``[1, kv_heads, q, d]`` keys and values; return every key and value so far."""
         new = self.length + key.shape[2]
         if self._keys is None or new > self._keys.shape[2]:
-            self._resize(max(2 * (0 if self._keys is None else self._keys.shape[2]), new, 64), key, value)
+            capacity = max(2 * (0 if self._keys is None else self._keys.shape[2]), new, 64)
+            keys = key.new_empty(*key.shape[:2], capacity, key.shape[3])
+            values = value.new_empty(*value.shape[:2], capacity, value.shape[3])
+            if self._keys is not None:
+                keys[:, :, : self.length] = self._keys[:, :, : self.length]
+                values[:, :, : self.length] = self._values[:, :, : self.length]
+            self._keys, self._values = keys, values
         self._keys[:, :, self.length : new] = key
         self._values[:, :, self.length : new] = value
-        self._positions[self.length : new] = torch.arange(self.seen, self.seen + key.shape[2])
-        self.length, self.seen = new, self.seen + key.shape[2]
-        return self._keys[:, :, :new], self._values[:, :, :new]
+        self.length = new
+        return self.keys_values()
 
-    @property
-    def positions(self) -> torch.Tensor:
-        """``[length]`` the held keys' positions."""
-        return self._positions[: self.length]
-
-    def keep(self, index: torch.Tensor) -> None:
-        """Hold only the keys at ``index`` (``[m]``, ascending): the rest are evicted and their memory reused
-        (a buffer four times larger than what it holds shrinks)."""
-        m = len(index)
-        keys, values = self._keys[:, :, index], self._values[:, :, index]
-        positions = self._positions[index]
-        if self._keys.shape[2] > 4 * max(m, 16):
-            self._resize(2 * max(m, 16), keys, values, copy=0)
-        self._keys[:, :, :m], self._values[:, :, :m], self._positions[:m] = keys, values, positions
-        self.length = m
-
-    def _resize(self, capacity: int, key: torch.Tensor, value: torch.Tensor, copy: int | None = None) -> None:
-        """New buffers of ``capacity`` tokens, holding the first ``copy`` (default: all held) keys."""
-        copy = self.length if copy is None else copy
-        keys = key.new_empty(*key.shape[:2], capacity, key.shape[3])
-        values = value.new_empty(*value.shape[:2], capacity, value.shape[3])
-        positions = torch.empty(capacity, dtype=torch.long)
-        if copy:
-            keys[:, :, :copy] = self._keys[:, :, :copy]
-            values[:, :, :copy] = self._values[:, :, :copy]
-            positions[:copy] = self._positions[:copy]
-        self._keys, self._values, self._positions = keys, values, positions
+    def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every key and value so far, ``[1, kv_heads, n, d]`` each."""
+        return self._keys[:, :, : self.length], self._values[:, :, : self.length]
 
 
 @dataclass
@@ -172,6 +151,7 @@ class _SelectiveRequest:
     key: str | None  # the driver's accounting key (extra_args[SA_KEY])
     prompt_len: int
     state: AttentionState
+    slot: int  # its row in each layer's HeldCache (under budgets)
     kv: dict[int, _LayerKV] = field(default_factory=dict)  # by layer
     reads: dict[int, list[int]] = field(default_factory=dict)  # position -> keys each layer read
 
@@ -192,6 +172,10 @@ class SelectiveWorkerState:
         self.finished: dict[str, dict[str, Any]] = {}
         self.prefilled_again = 0  # requests vLLM preempted and prefilled again (their state restarted)
         self.decode_held_peak = [0] * self.num_layers  # per layer: the most keys a decoding request held
+        # Under budgets each layer's decoding requests live in one HeldCache, a row (slot) per request
+        self.held_caches: dict[int, HeldCache] = {}
+        self._free_slots: list[int] = []
+        self._next_slot = 0
         self.step: list[_Row] | None = None
         self.num_tokens = 0
         self._install(runner)
@@ -231,6 +215,7 @@ class SelectiveWorkerState:
                     key=extra.get(SA_KEY),
                     prompt_len=len(runner.requests[req_id].prompt_token_ids or ()),
                     state=AttentionState(budgets=self.budgets),
+                    slot=request.slot if request is not None else self._take_slot(),
                 )
             elif request is None:
                 raise RuntimeError(
@@ -248,9 +233,17 @@ class SelectiveWorkerState:
         self.step = rows
         self.num_tokens = int(query_start[len(batch.req_ids)])
 
+    def _take_slot(self) -> int:
+        if self._free_slots:
+            return self._free_slots.pop()
+        self._next_slot += 1
+        return self._next_slot - 1
+
     def release(self, req_ids) -> None:
         for req_id in req_ids:
             request = self.requests.pop(req_id, None)
+            if request is not None:
+                self._free_slots.append(request.slot)
             if request is not None and request.key is not None:
                 self.finished[request.key] = request.report()
                 while len(self.finished) > MAX_FINISHED_REPORTS:  # never collected: drop the oldest
@@ -295,15 +288,23 @@ def selective_forward(
             f"{attn_metadata.num_actual_tokens}"
         )
     module = types.SimpleNamespace(layer_idx=layer_idx)
-    decoding, prefilling = [], []  # (row, request, keys, values): run together below
+    decoding, prefilling, held_decoding = [], [], []  # run together below
     for row in rows:
         request = worker.requests[row.req_id]
+        if worker.budgets is not None and row.position > 0:  # its keys live in the layer's HeldCache
+            if row.query_len != 1:
+                raise RuntimeError(
+                    f"request {row.req_id}: a Selective Attention model under KV budgets decodes one token "
+                    f"per step, got {row.query_len} (speculative decoding and chunked prefill are not supported)"
+                )
+            held_decoding.append((row, request))
+            continue
         tokens = slice(row.start, row.start + row.query_len)
         layer_kv = request.kv.setdefault(layer_idx, _LayerKV())
-        if layer_kv.seen != row.position:
+        if layer_kv.length != row.position:
             raise RuntimeError(
-                f"request {row.req_id}: layer {layer_idx} has seen {layer_kv.seen} tokens but the step starts "
-                f"at position {row.position}"
+                f"request {row.req_id}: layer {layer_idx} holds {layer_kv.length} keys but the step starts at "
+                f"position {row.position}"
             )
         keys, values = layer_kv.append(
             key[tokens].transpose(0, 1)[None],  # [1, kv_heads, q, d]
@@ -315,9 +316,9 @@ def selective_forward(
         if row.position == 0 and row.da_keys is None:
             prefilling.append((row, request, keys, values))
             continue
-        mask, visible = None, _held_visible(row, layer_kv)
-        if visible is not None:
-            mask = torch.from_numpy(visible).to(query.device).view(1, 1, 1, -1)
+        mask = None
+        if row.da_keys is not None:
+            mask = torch.from_numpy(row.da_keys).to(query.device).view(1, 1, 1, -1)
         out, _ = selective_attention_forward(
             module,
             query[tokens].transpose(0, 1)[None],  # [1, heads, q, d]
@@ -330,7 +331,6 @@ def selective_forward(
         )
         output[tokens] = out[0].to(output.dtype)  # [q, heads, d]
         _record_reads(worker, request, row, layer_idx, request.state.kv_reads[layer_idx][0])
-        _drop_evicted(request, layer_idx, slack=EVICTED_SLACK)
     if prefilling:
         outs, reads = prefill_together(
             layer_idx,
@@ -343,50 +343,52 @@ def selective_forward(
         for (row, request, *_), out, row_reads in zip(prefilling, outs, reads):
             output[row.start : row.start + row.query_len] = out.to(output.dtype)
             _record_reads(worker, request, row, layer_idx, row_reads)
-            _drop_evicted(request, layer_idx)
+            if worker.budgets is not None:
+                _hand_over(worker, request, layer_idx)
     if decoding:
         starts = [row.start for row, *_ in decoding]
         out, reads = decode_together(
             layer_idx,
             query[starts].unsqueeze(2),  # [R, heads, 1, d]
-            [
-                (keys, values, _held_visible(row, request.kv[layer_idx]), request.state)
-                for row, request, keys, values in decoding
-            ],
+            [(keys, values, row.da_keys, request.state) for row, request, keys, values in decoding],
             impl.scale,
             worker.budgets,
         )
         output[starts] = out.to(output.dtype)
         for (row, request, *_), n in zip(decoding, reads.tolist()):
             _record_reads(worker, request, row, layer_idx, [n])
-            _drop_evicted(request, layer_idx, slack=EVICTED_SLACK)
-            held = request.kv[layer_idx].length
-            worker.decode_held_peak[layer_idx] = max(worker.decode_held_peak[layer_idx], held)
+    if held_decoding:
+        cache = worker.held_caches[layer_idx]
+        starts = [row.start for row, _ in held_decoding]
+        slots = [request.slot for _, request in held_decoding]
+        out, reads = cache.step(
+            slots,
+            query[starts].unsqueeze(2),  # [R, heads, 1, d]
+            key[starts],  # [R, kv_heads, d]
+            value[starts],
+            [row.position for row, _ in held_decoding],
+            [row.da_keys for row, _ in held_decoding],
+            impl.scale,
+        )
+        output[starts] = out.to(output.dtype)
+        for (row, request), n in zip(held_decoding, reads.tolist()):
+            _record_reads(worker, request, row, layer_idx, [n])
+        held = int(cache.length[slots].max())
+        worker.decode_held_peak[layer_idx] = max(worker.decode_held_peak[layer_idx], held)
     return output
 
 
-def _held_visible(row: _Row, layer_kv: _LayerKV) -> np.ndarray | None:
-    """``[held]`` which held keys a masked DA decode row may read (``row.da_keys`` is by position), or None."""
-    return None if row.da_keys is None else row.da_keys[layer_kv.positions.numpy()]
-
-
-def _drop_evicted(request: _SelectiveRequest, layer_idx: int, slack: int = 0) -> None:
-    """Under budgets: forget the keys, values and running ``F`` sums of the tokens ``layer_idx`` evicted once
-    there are more than ``slack`` of them, so the layer holds at most its budget plus ``slack`` masked keys.
-    Its state's ``held`` is then all True."""
-    state = request.state
-    held = state.held.get(layer_idx)
-    if held is None:
-        return
-    layer_kv = request.kv[layer_idx]
-    # A layer holds every token that arrived, up to its budget (each arrival past it evicts one)
-    if layer_kv.length - min(layer_kv.seen, state.budgets[layer_idx]) <= slack:
-        return
-    index = held[0].nonzero()[:, 0]
-    layer_kv.keep(index)
-    accumulator = state.accumulators[layer_idx]
-    accumulator.total = accumulator.total[:, index]
-    state.held[layer_idx] = held.new_ones(1, len(index))
+def _hand_over(worker: SelectiveWorkerState, request: _SelectiveRequest, layer_idx: int) -> None:
+    """After a prefill under budgets: move what the layer holds (keys, values, ``F`` sums, positions) into the
+    layer's :class:`~rollouts.selective.held_cache.HeldCache` and drop the request's full copy of the prompt."""
+    layer_kv = request.kv.pop(layer_idx)
+    keys, values = layer_kv.keys_values()
+    held = request.state.held.pop(layer_idx)[0].nonzero()[:, 0]  # [m] ascending positions
+    total = request.state.accumulators.pop(layer_idx).total
+    cache = worker.held_caches.get(layer_idx)
+    if cache is None:
+        cache = worker.held_caches[layer_idx] = HeldCache(layer_idx, worker.budgets, EVICTED_SLACK)
+    cache.load(request.slot, keys[:, :, held], values[:, :, held], total[:, held], held)
 
 
 def _record_reads(worker, request, row, layer_idx: int, reads) -> None:

@@ -9,6 +9,8 @@
   scoring policies (Selective, H2O, TOVA).
 - :mod:`~rollouts.selective.prefill` -- a prefill under a KV budget streamed over the held tokens (the vLLM
   path's; no ``[n, n]`` tensor).
+- :mod:`~rollouts.selective.held_cache` -- many sequences decoding under a KV budget from one buffer per
+  layer, a row each of what it holds (the vLLM path's).
 - :mod:`~rollouts.selective.decode` -- a reference decoding loop with a compacted per-layer cache.
 - :mod:`~rollouts.selective.constants` -- names and numbers, torch-free.
 

@@ -88,7 +88,9 @@ class AttentionState:
       ``[b, kv]`` is what the layer holds, and each arriving token first evicts the held token with the
       largest ``F`` once the layer holds ``K_l`` -- eviction as masking over a cache that keeps every key (the
       paged-engine form; :mod:`rollouts.selective.decode` is the compacting form). Both forms take the same
-      decisions, by the same :func:`rollouts.selective.eviction.evict_index`.
+      decisions, by the same :func:`rollouts.selective.eviction.evict_index`; the replay over a whole
+      sequence applies the same rule in numpy (``replay_evictions``, tested against a brute-force list
+      reference and, end to end, against the decoding loop).
     - ``record_attention``: record ``attention[layer]`` ``[b, q, kv]``, the softmax probabilities averaged
       over heads (the H2O / TOVA eviction scores).
     - ``kv_reads[layer]`` ``[b, q]``: the keys each query read, always recorded.
