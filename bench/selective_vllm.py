@@ -6,8 +6,10 @@ a Selective Attention one with per-layer KV budgets. Each decodes the same teach
 the same tokens) as one batch, prefill included (a Selective Attention engine runs without prefix
 caching, so the stock engine does too). Reported, per configuration: generated tokens per second (median
 of ``--reps``, configurations interleaved), the keys each layer read per generated token, the largest
-log-prob difference between the budgeted engine and the reference engine on the same requests, and the
-most keys a decoding request's layer held in the plugin's own KV (evicted keys are dropped from it). The stock
+log-prob difference between the budgeted engine and the reference engine on the same requests, the
+most keys a decoding request's layer held in the plugin's own KV (evicted keys are dropped from it), and
+the KV blocks vLLM's scheduler kept for one decoding request, stock against budgeted (an untimed extra
+pass, counted by rollouts.engines.vllm_blocks). The stock
 engine is the ceiling (vLLM's fused CPU attention over the paged cache); the Selective Attention path
 runs Heed's attention function per layer over the step's prefills and decode rows as padded batches
 (rollouts/engines/vllm_selective.py);
@@ -88,6 +90,7 @@ def main() -> None:
 
     from data.tokenizer import build_tokenizer
     from rollouts.engines.reference import ReferenceEngine
+    from rollouts.engines.vllm_blocks import watch_kv_blocks
     from rollouts.engines.vllm_engine import VLLMEngine
     from rollouts.engines.vllm_hooks import selective_counters
 
@@ -99,7 +102,7 @@ def main() -> None:
     print(f"# {len(requests)} requests, prompts {prompt_len:.0f} tokens on average, {len(budgets)} layers")
 
     rates = {c: [] for c in CONFIGS}
-    reads = {}
+    reads, blocks = {}, {}
     with tempfile.TemporaryDirectory() as root:
         paths = build_checkpoints(root, tokenizer, budgets)
         engines = {
@@ -137,6 +140,9 @@ def main() -> None:
                     float(np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)).max())
                     for a, b in zip(budgeted, expected)
                 )
+            for name in ("stock", "selective+budgets"):  # once more, untimed: the scheduler's block counts
+                with watch_kv_blocks(engines[name].llm) as blocks[name]:
+                    engines[name].generate(requests)
         finally:
             for engine in engines.values():
                 engine.close()
@@ -151,8 +157,15 @@ def main() -> None:
             shown = f"(one request at a time, {len(ref_requests)} requests)"
         print(f"{name:<30}{rate:>10.1f}{rate / stock:>10.2f}   {shown}")
     print(f"selective+budgets against the reference engine, the same requests: max |logp diff| {gap:.1e}")
+    print(f"selective+budgets runs: {counters['path']}")
     print(f"the plugin's KV for a decoding request under budgets, most keys held per layer: {held}")
-    print(f"(vLLM's paged cache keeps every position of every request: {prompt_len:.0f} + completion)")
+    stock_blocks, freed = blocks["stock"], blocks["selective+budgets"]
+    print(
+        f"vLLM's KV blocks ({freed.block_size} tokens, {freed.num_groups} group) held by one decoding request, "
+        f"most: stock {stock_blocks.per_request_decoding}, selective+budgets {freed.per_request_decoding} "
+        f"(while prefilling: {stock_blocks.per_request_prefilling} and {freed.per_request_prefilling}); "
+        f"most out of the pool at once: {stock_blocks.in_use} and {freed.in_use}"
+    )
 
 
 if __name__ == "__main__":

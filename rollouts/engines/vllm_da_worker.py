@@ -86,7 +86,9 @@ class _TrackedRequest:
 class DAWorkerState:
     """Per-worker DA state: trackers keyed by vLLM request id, accounting of finished requests."""
 
-    def __init__(self):
+    def __init__(self, rewrites_tables: bool = True):
+        # False for a Selective Attention model, whose attention function reads each row's visible keys itself
+        self.rewrites_tables = rewrites_tables
         self.requests: dict[str, _TrackedRequest | None] = {}  # None: seen, not a DA request
         self.live: dict[str, _TrackedRequest] = {}  # by accounting key, until released or collected
         self.finished: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -108,7 +110,7 @@ class DAWorkerState:
             self.requests[req_id] = None
             return None
         if not self._checked:
-            problems = runner_problems(runner, spec.layout)
+            problems = runner_problems(runner, spec.layout, self.rewrites_tables)
             if problems:
                 raise DAUnsupported("the DA mask cannot run on this engine: " + "; ".join(problems))
             self._checked = True
@@ -189,7 +191,7 @@ class DAWorkerState:
             else:
                 kv = start + 1  # da-nm: full causal attention, as vLLM computes it
             tracked.record(start, kv)
-        if rows:
+        if rows and self.rewrites_tables:
             table = batch.block_table[0].get_numpy_array()
             self.pending = AttentionRewrite(rows, blocks, kvs, table, len(req_ids))
 
@@ -198,8 +200,9 @@ class DAWorkerState:
         return rewrite
 
 
-def runner_problems(runner, layout: PromptLayout) -> list[str]:
-    """What keeps this model runner from applying the DA mask (empty if nothing)."""
+def runner_problems(runner, layout: PromptLayout, rewrites_tables: bool = True) -> list[str]:
+    """What keeps this model runner from applying the DA mask (empty if nothing). The KV cache layout
+    matters only where the mask is a block-table rewrite (``rewrites_tables``)."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec, UniformTypeKVCacheSpecs
 
     problems = engine_problems(runner.vllm_config)
@@ -207,6 +210,8 @@ def runner_problems(runner, layout: PromptLayout) -> list[str]:
         problems.append("async scheduling is on; pass async_scheduling=False")
     if getattr(runner, "cascade_attn_enabled", False):
         problems.append("cascade attention is on; disable it")
+    if not rewrites_tables:
+        return problems
     groups = runner.kv_cache_config.kv_cache_groups
     if len(groups) != 1:
         problems.append(

@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from rollouts.selective.eviction import load_budgets
+
 from .vllm_da_worker import DAWorkerState
 from .vllm_rewrite import AttentionRewrite
-from .vllm_selective import SelectiveWorkerState, is_selective
+from .vllm_selective import SelectiveWorkerState, freed_kv_specs, is_selective
 
 _STATE_ATTR = "_heed_da_state"
 _SA_STATE_ATTR = "_heed_sa_state"  # a SelectiveWorkerState, or False for a standard model
@@ -29,7 +31,8 @@ _ACTIVE_REWRITE: contextvars.ContextVar[AttentionRewrite | None] = contextvars.C
 def _state(runner) -> DAWorkerState:
     state = runner.__dict__.get(_STATE_ATTR)
     if state is None:
-        state = DAWorkerState()
+        # A Selective Attention model applies the DA mask in its own attention function: no table rewrite
+        state = DAWorkerState(rewrites_tables=not is_selective(runner.model_config.hf_config))
         setattr(runner, _STATE_ATTR, state)
     return state
 
@@ -46,12 +49,28 @@ def _selective_state(runner) -> SelectiveWorkerState | None:
 
 def selective_counters(worker) -> dict[str, Any]:
     """A vLLM worker's Selective Attention counters, for ``llm.collective_rpc(selective_counters)``:
-    ``prefilled_again`` (requests preempted and prefilled again) and ``decode_held_peak`` (per layer, the most
-    keys a decoding request held in the plugin's KV). Empty for a standard model."""
+    ``path`` (which path it runs, and whether vLLM frees the KV blocks), ``prefilled_again`` (requests
+    preempted and prefilled again) and ``decode_held_peak`` (per layer, the most keys a decoding request
+    held in the plugin's KV). Empty for a standard model."""
     state = worker.model_runner.__dict__.get(_SA_STATE_ATTR)
     if not state:
         return {}
-    return {"prefilled_again": state.prefilled_again, "decode_held_peak": list(state.decode_held_peak)}
+    return {
+        "path": state.path,
+        "prefilled_again": state.prefilled_again,
+        "decode_held_peak": list(state.decode_held_peak),
+    }
+
+
+def get_kv_cache_spec(original, runner):
+    """``GPUModelRunner.get_kv_cache_spec``: a Selective Attention model under budgets never reads vLLM's
+    paged cache back, so each layer asks for a one-token sliding window (:func:`freed_kv_specs`) and vLLM
+    frees the blocks behind it."""
+    specs = original(runner)
+    hf_config = runner.model_config.hf_config
+    if is_selective(hf_config) and load_budgets(hf_config) is not None:
+        return freed_kv_specs(specs)
+    return specs
 
 
 def update_states(original, runner, scheduler_output, *args, **kwargs):

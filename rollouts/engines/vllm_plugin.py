@@ -34,6 +34,8 @@ Hook points (verified on vLLM 0.32.0, V1 model runner; ``CPUModelRunner`` inheri
 - ``GPUModelRunner._build_attention_metadata``: scope the rewrite to this call, never to CUDA-graph
   capture;
 - ``GPUModelRunner._dummy_run``: a Selective Attention model's dummy batches run the backend's kernel;
+- ``GPUModelRunner.get_kv_cache_spec``: a Selective Attention model under budgets asks for a one-token
+  sliding window, so that vLLM frees the blocks its attention never reads;
 - ``AttentionGroup.build_metadata`` (``vllm/v1/worker/utils.py``): the rewrite, before the backend's
   ``build()`` (the CPU builder derives its scheduler metadata from ``seq_lens``). Backend neutral:
   CPU_ATTN here, FlashAttention/FlashInfer on GPUs (keep GPUs on V1: ``VLLM_USE_V2_MODEL_RUNNER=0``);
@@ -189,6 +191,7 @@ def _patch_model_runner(module) -> None:
     _wrap(cls, "_prepare_inputs", vllm_hooks.prepare_inputs)
     _wrap(cls, "_build_attention_metadata", vllm_hooks.build_attention_metadata)
     _wrap(cls, "_dummy_run", vllm_hooks.dummy_run)
+    _wrap(cls, "get_kv_cache_spec", vllm_hooks.get_kv_cache_spec)
 
 
 def _patch_attention_group(module) -> None:

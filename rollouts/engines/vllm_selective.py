@@ -31,12 +31,16 @@ each layer read for every generated token is reported (``heed_sa_reports``) and 
 
 Decisions and limits (enforced where they can be; :func:`selective_problems`):
 
-- Keys and values are kept beside vLLM's paged cache, which vLLM still fills and schedules by: per request
-  and layer in contiguous buffers, or under budgets, once the prompt is done, in the layer's HeldCache,
-  which holds the budget plus at most ``EVICTED_SLACK`` evicted keys not yet dropped. vLLM's paged cache
-  does not shrink: its layout is the backend's own (on CPU it depends on the ISA: AMX packs it), no backend
-  kernel takes a per-query bias, and its blocks stay allocated for the whole context. Freeing them needs a
-  kernel that reads a per-layer kept-token table; that is the next step.
+- Keys and values are kept by Heed, never read back from vLLM's paged cache: per request and layer in
+  contiguous buffers, or under budgets, once the prompt is done, in the layer's HeldCache, which holds the
+  budget plus at most ``EVICTED_SLACK`` evicted keys not yet dropped. Under budgets vLLM's cache is only
+  written to, so its KV spec becomes a sliding window of ``VLLM_KV_WINDOW`` token (:func:`freed_kv_specs`):
+  vLLM's block manager frees each block once the request's next token lies past it, and a decoding
+  request keeps one block per KV cache group, where stock vLLM keeps its whole context. The held keys
+  themselves are outside vLLM's block pool (HeldCache rows, at most ``max_num_seqs`` of them), not in
+  compacted vLLM blocks: vLLM's CPU cache layout is the backend's own (AMX packs it) and no backend kernel
+  takes a per-query bias. Without budgets the spec stays full attention, so that vLLM's admission still
+  counts the memory of the request's full copies.
 - Per layer, one attention call for the step's prefills and one for its decode rows
   (:func:`prefill_together`, :func:`decode_together` or :meth:`HeldCache.step`), but the attention is
   transformers-level torch over padded batches, not a paged kernel: a path for rollouts of small models,
@@ -51,8 +55,9 @@ Decisions and limits (enforced where they can be; :func:`selective_problems`):
 from __future__ import annotations
 
 import functools
+import logging
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -66,11 +71,17 @@ from rollouts.selective.held_cache import HeldCache
 from rollouts.selective.mask import MaskAccumulator
 from rollouts.selective.prefill import budgeted_prefill
 
+# a child of vLLM's logger, the one vLLM configures in its processes: the engine's log says which path ran
+logger = logging.getLogger("vllm.heed.selective")
+
 SA_KEY = "heed_sa_key"  # extra_args key: the accounting key of a request to a Selective Attention model
 MAX_FINISHED_REPORTS = 65536  # reports kept for the driver to collect
 # Evicted keys a decoding layer keeps masked before it drops them: compacting a request's KV costs a copy,
 # so it is done once per this many evictions, not at every step (the prompt's are dropped at once)
 EVICTED_SLACK = 16
+# vLLM's own KV window, in tokens, for a model under budgets: its paged cache is written to but never read
+# (the held keys live in the HeldCache), so it need keep only the block the step writes into
+VLLM_KV_WINDOW = 1
 
 
 def is_selective(hf_config) -> bool:
@@ -101,6 +112,42 @@ def selective_problems(vllm_config) -> list[str]:
     except ValueError as err:
         problems.append(f"the checkpoint's selective_budgets are invalid: {err}")
     return problems
+
+
+def freed_kv_specs(specs: dict) -> dict:
+    """Each layer's vLLM KV cache spec for a model under budgets: a sliding window of ``VLLM_KV_WINDOW``
+    token in place of full attention, the rest of the spec (block size, heads, dtype) unchanged.
+
+    vLLM's block manager then frees a request's blocks as the window passes them (the null block takes
+    their place in its block list), so after its prompt a request keeps one block per KV cache group."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    window_fields = {f.name for f in fields(SlidingWindowSpec) if f.init} - {"sliding_window"}
+    out = {}
+    for name, spec in specs.items():
+        if type(spec) is not FullAttentionSpec or spec.sliding_window is not None:
+            raise RuntimeError(
+                f"layer {name} has a {type(spec).__name__} KV cache; Selective Attention under budgets "
+                "expects plain full attention in every layer"
+            )
+        kept = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name in window_fields}
+        out[name] = SlidingWindowSpec(**kept, sliding_window=VLLM_KV_WINDOW)
+    return out
+
+
+def selective_path(budgets, kv_cache_config) -> str:
+    """Which path a Selective Attention engine runs, read from the KV cache vLLM actually built."""
+    specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+    kv = "vLLM KV " + ", ".join(
+        f"{type(s).__name__}(window={getattr(s, 'sliding_window', None)})" for s in specs
+    )
+    if budgets is None:
+        return f"no budgets: dense prefill, decoding over each request's full copy; {kv}: not freed"
+    freed = all(type(s).__name__ == "SlidingWindowSpec" and s.sliding_window == VLLM_KV_WINDOW for s in specs)
+    return (
+        f"budgets {list(budgets)}: prompts streamed over each layer's held keys, decoding from each layer's "
+        f"HeldCache; {kv}: " + ("blocks freed behind the token being written" if freed else "NOT freed")
+    )
 
 
 @dataclass
@@ -179,6 +226,8 @@ class SelectiveWorkerState:
         self.step: list[_Row] | None = None
         self.num_tokens = 0
         self._install(runner)
+        self.path = selective_path(self.budgets, runner.kv_cache_config)
+        logger.info("Selective Attention in %d layers: %s", self.num_layers, self.path)
 
     def _install(self, runner) -> None:
         """Route every attention layer of the model through :func:`selective_forward`."""
