@@ -1,13 +1,14 @@
 """rl.distributed.exit_process: a process that had a process group runs Python's exit handlers and then
 skips the interpreter's teardown, where gloo's threads can abort a finished job; one that had none exits
-as usual. Each case runs in a process of its own (a process group must not leak into the test session)."""
+as usual. Each case runs in a process of its own (a process group must not leak into the test session), its
+group formed through a file (a TCP port picked beforehand can be taken before the job binds it)."""
 
 import subprocess
 import sys
 
 import pytest
 
-from tests.rl.jobs import ROOT, free_port
+from tests.rl.jobs import ROOT
 
 JOB = """
 import atexit, os, sys
@@ -28,7 +29,7 @@ marker = Finalized()
 out = Path(sys.argv[1])
 atexit.register(lambda: out.write_text("atexit ran"))
 if sys.argv[2] == "group":
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[3]}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"file://{sys.argv[3]}", rank=0, world_size=1)
     dist.all_reduce(torch.ones(1))
 print("reported", end="")  # no newline, no flush: exiting must flush it
 exit_process(int(sys.argv[4]))
@@ -39,7 +40,7 @@ exit_process(int(sys.argv[4]))
 def test_exit_process_keeps_the_code_the_output_and_the_exit_handlers(tmp_path, group, code):
     marker = tmp_path / "atexit.txt"
     out = subprocess.run(
-        [sys.executable, "-c", JOB, str(marker), group, str(free_port()), str(code)],
+        [sys.executable, "-c", JOB, str(marker), group, str(tmp_path / "rendezvous"), str(code)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == code, out.stderr[-2000:]

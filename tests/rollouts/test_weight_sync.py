@@ -32,12 +32,6 @@ TOLERANCE = 1e-4
 TIMEOUT_S = 60.0
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Thread(threading.Thread):
     """Runs ``fn`` and keeps its result or exception for the test thread."""
 
@@ -83,8 +77,8 @@ def test_broadcast_weights_change_the_next_logprobs(engine, new_model, acme, tok
     (want,) = ReferenceEngine(new_model, tokenizer, num_threads=1).generate(_requests(acme))
     assert np.abs(np.subtract(before.logprobs, want.logprobs)).max() > 1e-2  # the update is visible
 
-    port = _free_port()
-    sender = WeightSender("127.0.0.1", port, num_receivers=1, backend="gloo", timeout_s=TIMEOUT_S)
+    sender = WeightSender("127.0.0.1", 0, num_receivers=1, backend="gloo", timeout_s=TIMEOUT_S)
+    port = sender.port  # bound from construction on: no other process can take it first
     connecting = _Thread(sender.connect)
     assert engine_join(engine.llm, "127.0.0.1", port, world_size=2, backend="gloo", timeout_s=TIMEOUT_S) == [
         1
@@ -111,7 +105,7 @@ def test_broadcast_weights_change_the_next_logprobs(engine, new_model, acme, tok
 
 def test_receiver_that_never_joins_times_out_clearly():
     timeout_s = 3.0
-    sender = WeightSender("127.0.0.1", _free_port(), num_receivers=1, backend="gloo", timeout_s=timeout_s)
+    sender = WeightSender("127.0.0.1", 0, num_receivers=1, backend="gloo", timeout_s=timeout_s)
     started = time.monotonic()
     with pytest.raises(WeightSyncTimeout, match="did not form within 3s"):
         sender.connect()
@@ -119,7 +113,7 @@ def test_receiver_that_never_joins_times_out_clearly():
 
 
 def test_send_before_connect_is_an_error():
-    sender = WeightSender("127.0.0.1", _free_port(), num_receivers=1, backend="gloo")
+    sender = WeightSender("127.0.0.1", 0, num_receivers=1, backend="gloo")
     with pytest.raises(WeightSyncError, match="connect"):
         sender.send([("w", torch.zeros(2))])
 
