@@ -401,7 +401,6 @@ def selective_forward(
             query[starts].unsqueeze(2),  # [R, heads, 1, d]
             [(keys, values, row.da_keys, request.state) for row, request, keys, values in decoding],
             impl.scale,
-            worker.budgets,
         )
         output[starts] = out.to(output.dtype)
         for (row, request, *_), n in zip(decoding, reads.tolist()):
@@ -537,14 +536,14 @@ def decode_together(
     query: torch.Tensor,  # [R, heads, 1, d]: one arriving token per request
     requests: list[tuple[torch.Tensor, torch.Tensor, np.ndarray | None, AttentionState]],
     scaling: float,
-    budgets: tuple[int, ...] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoding step of one layer for ``R`` requests in one call: ``(out [R, heads, d], reads [R])``.
+    """One decoding step of one layer for ``R`` requests without budgets, in one call:
+    ``(out [R, heads, d], reads [R])`` (under budgets requests decode in the layer's HeldCache).
 
-    ``requests[r]``: request ``r``'s held keys and values ``[1, kv_heads, n_r, d]`` (the arriving token's
+    ``requests[r]``: request ``r``'s keys and values ``[1, kv_heads, n_r, d]`` (the arriving token's
     last), which of them its DA mode lets it read (``[n_r]`` bool, or None) and its
-    :class:`~rollouts.selective.attention.AttentionState`, whose running ``F`` sums and held tokens for the
-    layer are read and written back. The requests are right-aligned in one ``[R, kv_heads, L, d]`` batch
+    :class:`~rollouts.selective.attention.AttentionState`, whose running ``F`` sums for the layer are read
+    and written back. The requests are right-aligned in one ``[R, kv_heads, L, d]`` batch
     (``L = max n_r``): each arriving token is the last key, as Selective Attention's query over a cache
     expects, and the padding in front is hidden by the attention mask, so it is neither attended, selected
     nor held. The same function as one request at a time (:func:`selective_attention_forward`), one call
@@ -568,12 +567,9 @@ def decode_together(
         if da_keys is not None:
             visible[r, width - n :] = torch.from_numpy(da_keys).to(device)
     total = right_aligned([state.accumulators[layer_idx].total[0] for *_, state in requests])  # [R, L - 1]
-    held = right_aligned([state.held[layer_idx][0] for *_, state in requests]) if budgets else None
-    together = AttentionState(budgets=budgets)
+    together = AttentionState()
     together.accumulators[layer_idx] = MaskAccumulator()
     together.accumulators[layer_idx].total = total
-    if held is not None:
-        together.held[layer_idx] = held
     out, _ = selective_attention_forward(
         types.SimpleNamespace(layer_idx=layer_idx),
         query,
@@ -586,6 +582,4 @@ def decode_together(
     total = together.accumulators[layer_idx].total  # [R, L]
     for r, ((_, _, _, state), n) in enumerate(zip(requests, lengths)):
         state.accumulators[layer_idx].total = total[r : r + 1, width - n :]
-        if held is not None:
-            state.held[layer_idx] = together.held[layer_idx][r : r + 1, width - n :]
     return out[:, 0], together.kv_reads[layer_idx][:, 0]
