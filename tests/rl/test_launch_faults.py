@@ -25,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.faults import freeze, kill, thaw
 from tests.rl.jobs import ROOT
 from tests.rl.ray_cluster import (
     GRPO_STEPS,
@@ -39,6 +40,8 @@ from tests.rl.ray_cluster import (
 )
 
 pytestmark = pytest.mark.slow
+
+TASK_EVENTS_FLUSH_S = 2.5  # more than twice Ray's task-event report interval (1 s)
 
 BASE = [
     "sft.enabled=false",
@@ -123,26 +126,38 @@ def test_a_rollout_actor_killed_while_decoding_is_replaced_and_nothing_is_lost(c
         2  # the kill lands in the first or second generation; each step is still generated and scored once
     )
     run_dir, log = tmp_path / "run", tmp_path / "launch.log"
-    # long completions (the untrained model rarely stops early): a generation takes seconds, so the
-    # actor is still decoding when the kill lands
+    # long completions (the untrained model rarely stops early): a generation takes seconds, so an actor
+    # seen decoding is usually still decoding when it is frozen
     job = launch(cluster, log, f"run.output_dir={run_dir}", *BASE, f"grpo.max_steps={steps}",
                  "grpo.max_completion_length=256", "grpo.save_steps=10")  # fmt: skip
     try:
         wait_for(lambda: grpo_records(run_dir), 600, "first GRPO generation", job, log)
 
-        def decoding_actor():
+        def generate_calls(state: str | None = None) -> list[dict]:
+            """This job's calls of RolloutActor.generate (in ``state``), each with its actor's record."""
+            actors = {a["actor_id"]: a for a in job_actors(cluster, log, "RolloutActor")}
             tasks = cluster.api("/api/v0/tasks?detail=1&limit=1000")["data"]["result"]["result"]
-            now = time.time() * 1000
-            running = [
-                t for t in tasks
-                if t["name"].endswith("RolloutActor.generate") and t["state"] == "RUNNING"
-                and now - (t.get("start_time_ms") or now) < 1500  # freshly started: seconds of decoding left
+            return [
+                {**t, "actor": actors[t["actor_id"]]} for t in tasks
+                if t["name"].endswith("RolloutActor.generate") and t.get("actor_id") in actors
+                and state in (None, t["state"])
             ]  # fmt: skip
-            return running[0]["actor_id"] if running else None
 
-        actor_id = wait_for(decoding_actor, 300, "rollout actor decoding", job, log, poll_s=0.1)
-        (actor,) = [a for a in job_actors(cluster, log, "RolloutActor") if a["actor_id"] == actor_id]
-        os.kill(actor["pid"], signal.SIGKILL)  # the same machine: node B's processes are ours to signal
+        # Freeze an actor seen decoding, then check that it still owes the answer: the caller (the task's
+        # owner) reports FINISHED once the reply reaches it, and a frozen actor sends none. One that
+        # answered before it was frozen runs on, and the next call is tried (tests/faults.py).
+        deadline = time.monotonic() + 300
+        while True:
+            call = wait_for(lambda: next(iter(generate_calls("RUNNING")), None), 300, "rollout actor decoding",
+                            job, log, poll_s=0.1)  # fmt: skip
+            actor = call["actor"]
+            freeze(actor["pid"])  # the same machine: node B's processes are ours to signal
+            time.sleep(TASK_EVENTS_FLUSH_S)
+            if {t["task_id"]: t["state"] for t in generate_calls()}.get(call["task_id"]) != "FINISHED":
+                break
+            thaw(actor["pid"])
+            assert time.monotonic() < deadline, "every decoding actor answered before it was frozen"
+        kill(actor["pid"])  # with its call unanswered
         assert job.wait(timeout=900) == 0, log.read_text()[-4000:]
     finally:
         if job.poll() is None:

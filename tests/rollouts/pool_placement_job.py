@@ -11,10 +11,13 @@ Both nodes carry one ``heed_rollout`` (and node B alone ``heed_node_b``). In ord
    actor on each node; a first update forms the group of both;
 3. one more actor of that shape: the nodes could hold it but the pool holds every ``heed_rollout``, so it
    fails after ``placement_timeout_s``;
-4. node B's process group is killed (SIGKILL to its raylet and agents; its actor process exits with its
-   raylet) while both actors decode a batch:
-   the replacement of the actor that was there has no node to go to (STRICT_SPREAD: node A holds the
-   other bundle), so after ``replace_timeout_s`` the pool drops it and node A's actor answers the batch;
+4. node B is lost while a batch is in flight on both actors: its actor process is frozen (SIGSTOP) before
+   the batch is sent, then node B's process group (its raylet and agents) and that actor are killed.
+   Killing the raylet alone is no node loss: its actor outlives it by about as long as it takes to decode
+   its shard (2-2.5 s against 2.6 s here), so it could finish and answer, and its answer would rightly be
+   kept. Frozen first, it answers nothing, as on a node that loses power. The replacement of that actor
+   has no node to go to (STRICT_SPREAD: node A holds the other bundle), so after ``replace_timeout_s``
+   the pool drops it and node A's actor answers the whole batch;
 5. a broadcast update re-forms the group without the lost actor, and the next rollouts carry it.
 """
 
@@ -53,6 +56,7 @@ def main(address: str, node_b_pgid: int, out: Path) -> None:
     from rollouts.placement import PlacementError, rollout_nodes
     from rollouts.pool import PoolConfig, RolloutPool
     from rollouts.protocol import build_prompt
+    from tests.faults import freeze, kill
     from tests.rollouts.conftest import BLOCK_SIZE, perturbed_model, save_tiny_qwen3
 
     warnings = Warnings()
@@ -127,11 +131,14 @@ def main(address: str, node_b_pgid: int, out: Path) -> None:
             except BaseException as err:
                 done["error"] = repr(err)
 
+        pid_b = result["pids"][result["actor_nodes"].index(node_b)]
+        freeze(pid_b)  # from here on node B's engine runs nothing: its shard cannot be answered
         worker = threading.Thread(target=generate)
         started = time.monotonic()
         worker.start()
-        time.sleep(0.5)
+        time.sleep(0.5)  # both shards sent (sent later, B's would fail the same way); node A decodes
         os.killpg(node_b_pgid, signal.SIGKILL)
+        kill(pid_b)
         worker.join(timeout=300)
         assert "out" in done, done.get("error", "generate did not return within 300s")
         out_b = done["out"]

@@ -13,6 +13,7 @@ import pytest
 from rollouts.engines import RolloutRequest
 from rollouts.engines.reference import ReferenceEngine
 from rollouts.protocol import PromptLayout
+from tests.faults import freeze, kill
 from tests.rollouts.conftest import perturbed_model, two_actor_pool
 
 pytestmark = pytest.mark.slow
@@ -80,12 +81,12 @@ def test_killed_actor_mid_batch_returns_every_trajectory_once(ray_pool, acme, to
     requests = gold_requests(acme, 8)
     restarts = pool.restarts
     result = {}
+    pid = ray.get(pool.actors[0].pid.remote())
+    freeze(pid)  # its shard (4 x 114 decode steps) is sent to it but cannot finish: tests/faults.py
     worker = threading.Thread(target=lambda: result.setdefault("out", pool.generate(requests)))
     worker.start()
-    # Each actor has 4 x 114 decode steps ahead (~1 s even idle); kill one right after submission.
-    # (Killed before its call arrives, the call fails just the same: either way a shard is lost.)
-    time.sleep(0.05)
-    ray.kill(pool.actors[0], no_restart=True)
+    time.sleep(0.05)  # the shards sent (sent later, the frozen actor's call would fail the same way)
+    kill(pid)
     worker.join(timeout=600)
     out = result["out"]
     assert [t.example["i"] for t in out] == list(range(8))
