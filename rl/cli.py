@@ -61,7 +61,8 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rl.export import ExportError, export_checkpoint, read_heed_json
+    from rl.export import ExportError, export_checkpoint
+    from rl.policy_settings import read_heed_json
 
     try:
         out = export_checkpoint(
@@ -77,8 +78,6 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _budgets(args: argparse.Namespace) -> int:
-    from rl.evaluate import EvalError
-    from rl.export import ExportError
     from rl.selective.budgets import search_export_budgets
 
     try:
@@ -86,7 +85,7 @@ def _budgets(args: argparse.Namespace) -> int:
             args.checkpoint, args.data, split=args.split, examples=args.examples, batch_size=args.batch_size,
             step=args.step, tolerance=args.tolerance, write=args.write, min_step=args.min_step,
         )  # fmt: skip
-    except (EvalError, ExportError, ValueError) as err:
+    except ValueError as err:  # a bad export or split (rl.policy_settings.SettingsError among them)
         print(f"heed: error: {err}", file=sys.stderr)
         return 2
     for budgets, loss in result.steps:  # plain lines: one per accepted reduction, never wrapped
@@ -103,7 +102,6 @@ def _budgets(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from rl.console import console, route_framework_logs
     from rl.evaluate import EvalError, eval_checkpoint, parse_modes, write_completions_jsonl, write_eval_json
-    from rl.export import ExportError
     from rl.tables import print_table
 
     if args.run_dir and not Path(args.run_dir).is_dir():
@@ -133,7 +131,7 @@ def _eval(args: argparse.Namespace) -> int:
             seed=args.seed,
             log_file=log,
         )
-    except (EvalError, ExportError) as err:
+    except EvalError as err:
         print(f"heed: error: {err}", file=sys.stderr)
         return 2
     # whole numbers at any width, piped or not, as heed train prints its tables (rl/console.py)

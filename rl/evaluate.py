@@ -51,7 +51,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -59,8 +59,9 @@ from data.prompts import layout_example
 from rewards import RewardBreakdown, score_trajectories
 from rewards.config import DEFAULT_CONFIG, RewardConfig
 from rl.dashboard.records import MODES, bin_order, context_tokens, length_bin, predicted_modes
+from rl.policy_settings import SettingsError, checkpoint_settings, layout_settings
 from rollouts.engines.base import RolloutRequest
-from rollouts.protocol import DEFAULT_LAYOUT, PROTOCOL_VERSION, PROTOCOL_VERSIONS, LayoutError, LayoutSettings
+from rollouts.protocol import DEFAULT_LAYOUT, LayoutSettings
 from rollouts.trajectory import ROLLOUT_MODES, Trajectory
 
 Generate = Callable[[list[RolloutRequest]], list[Trajectory]]
@@ -375,13 +376,12 @@ def build_requests(
     requests = []
     for example in examples:
         row = dict(example)
-        layouts = {}
+        layouts = {}  # LayoutSettings -> the example's prompt under them (da and da-nm share one)
         for mode in modes:
-            with_instructions = layout.instructions and mode != "vanilla"
-            if with_instructions not in layouts:
-                settings = replace(layout, instructions=with_instructions)
-                layouts[with_instructions] = layout_example(example, tokenizer, settings)
-            prompt = layouts[with_instructions]
+            settings = layout.for_mode(mode)
+            if settings not in layouts:
+                layouts[settings] = layout_example(example, tokenizer, settings)
+            prompt = layouts[settings]
             for _ in range(samples):
                 requests.append(
                     RolloutRequest(
@@ -473,12 +473,10 @@ def eval_checkpoint(
 
     Block size, thinking mode, layout and protocol version come from the checkpoint's ``heed.json`` (an
     export) or, for a checkpoint inside a run directory, from the run's ``config.yaml``
-    (:func:`rl.export.checkpoint_settings`); passing a value that contradicts them is an error. A policy
+    (:func:`rl.policy_settings.checkpoint_settings`); passing a value that contradicts them is an error. A policy
     trained on protocol v1 is evaluated under v1 (its completions parsed as v1). A model folder that is
     neither (a model from a hub): 32, non-thinking, the instructions and the current protocol.
     """
-    from rl.export import checkpoint_settings
-
     checkpoint = Path(checkpoint)
     if not (checkpoint / "config.json").is_file():
         raise EvalError(f"checkpoint {checkpoint} is not a model folder (no config.json)")
@@ -486,8 +484,11 @@ def eval_checkpoint(
     check_sampling(temperature, samples)
     if num_actors < 1:
         raise EvalError(f"--num-actors must be at least 1, got {num_actors}")
-    info = checkpoint_settings(checkpoint)
-    settings = layout_settings(checkpoint, info, block_size=block_size, thinking=thinking)
+    try:
+        info = checkpoint_settings(checkpoint)
+        settings = layout_settings(checkpoint, info, block_size=block_size, thinking=thinking)
+    except SettingsError as err:
+        raise EvalError(str(err)) from None
 
     rows = select_examples(load_split(data_dir, split), limit)
     if not rows:
@@ -523,41 +524,6 @@ def eval_checkpoint(
         "source_step": (info or {}).get("source", {}).get("step"),
     }
     return report
-
-
-def layout_settings(
-    checkpoint: str | Path, info: dict | None, *, block_size: int | None = None, thinking: bool | None = None
-) -> LayoutSettings:
-    """How prompts for ``checkpoint`` are laid out, from ``info`` (its ``heed.json`` or its run's settings,
-    :func:`rl.export.checkpoint_settings`: block size, thinking, layout style, instructions, index entry
-    size, protocol version) or, without them, the given values and the defaults. A value that contradicts
-    ``info`` is an error. ``heed eval``, ``heed serve`` and ``heed budgets`` all lay prompts out with
-    these, so a served request reads what the eval of the same example read."""
-    protocol_version = PROTOCOL_VERSION
-    if info is not None:
-        source = info.get("settings_from", f"{checkpoint}/heed.json")
-        protocol_version = info.get("protocol_version")
-        if type(protocol_version) is not int or protocol_version not in PROTOCOL_VERSIONS:
-            raise EvalError(
-                f"{checkpoint} was trained on DA protocol version {protocol_version!r}; this "
-                f"Heed reads versions {', '.join(map(str, PROTOCOL_VERSIONS))}"
-            )
-        for name, given in (("block_size", block_size), ("thinking", thinking)):
-            if given is not None and given != info.get(name):
-                raise EvalError(f"{source} says {name}={info.get(name)!r}; drop the flag")
-        block_size, thinking = int(info["block_size"]), bool(info["thinking"])
-    info = info or {}
-    try:
-        return LayoutSettings(
-            block_size=32 if block_size is None else block_size,
-            thinking=bool(thinking),
-            style=info.get("layout_style", "auto"),
-            instructions=bool(info.get("instructions", True)),
-            index_entry_tokens=info.get("index_entry_tokens", 0),
-            protocol_version=protocol_version,
-        )
-    except LayoutError as err:
-        raise EvalError(f"{info.get('settings_from', checkpoint)}: {err}") from None
 
 
 def write_eval_json(report: EvalReport, path: str | Path, step: int | None = None) -> Path:

@@ -26,6 +26,7 @@ What the export holds — a plain Hugging Face model folder, loadable with
 - ``heed.json``: what an engine needs to lay out DA prompts for this model (block size, thinking mode,
   layout style, whether the prompts carry the protocol instructions, the index entry size (0: no
   index), protocol version, Selective Attention budgets when trained) and where it came from.
+  ``rl/policy_settings.py`` reads it back; its layout keys are ``LayoutSettings.to_record``'s.
 
 The export is written to a temporary folder beside ``out`` and renamed into place when complete, so a
 crash leaves no half export; a non-empty ``out`` is replaced only with ``overwrite``.
@@ -45,15 +46,12 @@ import uuid
 from importlib import metadata
 from pathlib import Path
 
-import yaml
-
-from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS, system_instructions
-from rollouts.protocol.layout import LAYOUT_STYLES
+from rl.policy_settings import HEED_JSON, SettingsError, run_settings
+from rollouts.protocol import PROTOCOL_VERSION, system_instructions
 from rollouts.selective.constants import CONFIG_KEY
 
 logger = logging.getLogger(__name__)
 
-HEED_JSON = "heed.json"
 COMPLETE_MARKER = "heed_complete.json"  # written last into a checkpoint: its presence means complete
 PLAIN_TEMPLATE = "plain"  # the name the untouched source chat template is saved under
 _MODEL_FILES = ("config.json", "generation_config.json")
@@ -128,7 +126,10 @@ def export_checkpoint(
     """Export the run's policy (see the module docstring for which one) to ``out``; return ``out``."""
     run_dir, out = Path(run_dir), Path(out)
     source, source_step = select_source(run_dir, step, phase)
-    run = _run_settings(run_dir)
+    try:
+        run = run_settings(run_dir)
+    except SettingsError as err:
+        raise ExportError(str(err)) from None
     # the budgets the engines evict under are the checkpoint's (heed train writes them into config.json)
     budgets = json.loads((source / "config.json").read_text()).get(CONFIG_KEY) or run["selective_budgets"]
     _check_out(out, run_dir, overwrite)
@@ -140,12 +141,7 @@ def export_checkpoint(
         _copy_weights(source, tmp)
         _save_tokenizer(source, tmp, run["thinking"], run["instructions"], run["protocol_version"])
         info = {
-            "protocol_version": run["protocol_version"],
-            "block_size": run["block_size"],
-            "thinking": run["thinking"],
-            "layout_style": run["layout_style"],
-            "instructions": run["instructions"],
-            "index_entry_tokens": run["index_entry_tokens"],
+            **{key: value for key, value in run.items() if key != "selective_budgets"},  # the layout record
             **({"selective_budgets": budgets} if budgets else {}),
             "source": {
                 "run_dir": str(run_dir.resolve()),
@@ -160,35 +156,6 @@ def export_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def read_heed_json(model_dir: str | Path) -> dict | None:
-    """The export's ``heed.json``; ``None`` for a model folder without one (not exported by Heed)."""
-    path = Path(model_dir) / HEED_JSON
-    if not path.is_file():
-        return None
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ExportError(f"{path} is not valid JSON ({err})") from None
-    if not isinstance(info, dict):
-        raise ExportError(f"{path} must hold a JSON object, not {type(info).__name__}")
-    return info
-
-
-def checkpoint_settings(model_dir: str | Path) -> dict | None:
-    """How prompts for a Heed model folder are laid out: its ``heed.json`` (an export) or, for a checkpoint
-    inside a run directory (``RUN_DIR/sft``, ``RUN_DIR/final``, ``RUN_DIR/checkpoints/checkpoint-N``: the
-    folder next to, or one below, the run's ``config.yaml`` and ``state.json``), the run's settings, which
-    are what its export would write; ``None`` for any other model folder. ``settings_from`` says which."""
-    info = read_heed_json(model_dir)
-    if info is not None:
-        return {**info, "settings_from": str(Path(model_dir) / HEED_JSON)}
-    path = Path(model_dir).resolve()
-    for run_dir in (path.parent, path.parent.parent):
-        if (run_dir / "config.yaml").is_file() and (run_dir / "state.json").is_file():
-            return {**_run_settings(run_dir), "settings_from": str(run_dir / "config.yaml")}
-    return None
 
 
 def da_chat_template(template: str, thinking: bool = False, version: int = PROTOCOL_VERSION) -> str:
@@ -228,56 +195,6 @@ def _trainer_step(path: Path) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return step if isinstance(step, int) else None
-
-
-def _run_settings(run_dir: Path) -> dict:
-    """``block_size``, ``thinking`` and (optional) ``selective_budgets`` from the run's config.yaml."""
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise ExportError(f"{path} does not exist: the export needs the run's block size and thinking mode")
-    try:
-        config = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ExportError(f"{path}: invalid YAML ({err})") from None
-    run = config.get("run") if isinstance(config, dict) else None
-    run = run if isinstance(run, dict) else {}
-    block_size, thinking = run.get("block_size"), run.get("thinking")
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ExportError(f"{path}: run.block_size must be a positive integer, got {block_size!r}")
-    if not isinstance(thinking, bool):
-        raise ExportError(f"{path}: run.thinking must be true or false, got {thinking!r}")
-    selective = config.get("selective")
-    budgets = selective.get("budgets") if isinstance(selective, dict) else None
-    if budgets is not None and not (
-        isinstance(budgets, list)
-        and all(isinstance(b, int | float) and not isinstance(b, bool) for b in budgets)
-    ):
-        raise ExportError(f"{path}: selective.budgets must be a list of numbers, got {budgets!r}")
-    layout_style, instructions = run.get("layout_style", "auto"), run.get("instructions", True)
-    if layout_style not in LAYOUT_STYLES or not isinstance(instructions, bool):
-        raise ExportError(
-            f"{path}: run.layout_style must be one of {', '.join(LAYOUT_STYLES)} and run.instructions true or false, "
-            f"got {layout_style!r} and {instructions!r}"
-        )
-    index_entry_tokens = run.get("index_entry_tokens", 0)
-    if type(index_entry_tokens) is not int or index_entry_tokens < 0:
-        raise ExportError(
-            f"{path}: run.index_entry_tokens must be an integer >= 0, got {index_entry_tokens!r}"
-        )
-    protocol_version = run.get("protocol_version", PROTOCOL_VERSION)
-    if type(protocol_version) is not int or protocol_version not in PROTOCOL_VERSIONS:
-        raise ExportError(
-            f"{path}: run.protocol_version must be one of {PROTOCOL_VERSIONS}, got {protocol_version!r}"
-        )
-    return {
-        "block_size": block_size,
-        "thinking": thinking,
-        "protocol_version": protocol_version,
-        "layout_style": layout_style,
-        "instructions": instructions,
-        "index_entry_tokens": index_entry_tokens,
-        "selective_budgets": budgets,
-    }
 
 
 def _check_out(out: Path, run_dir: Path, overwrite: bool) -> None:

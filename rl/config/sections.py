@@ -19,8 +19,8 @@ from data.schema import DataError
 from data.tasks import TASKS
 from rl.config.validation import REPO_ROOT, ConfigError, Section, check  # noqa: F401  (REPO_ROOT: rl/launch.py)
 from rl.model import TinyModelConfig
-from rollouts.protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS
-from rollouts.protocol.layout import LAYOUT_STYLES, LayoutSettings
+from rollouts.protocol import DEFAULT_LAYOUT, PROTOCOL_VERSION, LayoutError
+from rollouts.protocol.layout import LayoutSettings
 from rollouts.trajectory import ROLLOUT_MODES
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -50,31 +50,20 @@ class RunSection(Section):
     protocol_version: int = PROTOCOL_VERSION
 
     def prompt_layout(self) -> LayoutSettings:
-        """How the run lays out its prompts: SFT, rollouts, evals and the export all take this one."""
-        return LayoutSettings(
-            block_size=self.block_size,
-            thinking=self.thinking,
-            style=self.layout_style,
-            instructions=self.instructions,
-            index_entry_tokens=self.index_entry_tokens,
-            protocol_version=self.protocol_version,
-        )
+        """How the run lays out its prompts: SFT, rollouts, evals and the export all take this one. The
+        section spells the layout as heed.json does (``LayoutSettings.to_record``), and is read by the
+        same reader."""
+        record = {key: getattr(self, key) for key in DEFAULT_LAYOUT.to_record()}
+        return LayoutSettings.from_record(record, prefix=f"{self.SECTION}.")
 
     def validate(self):
         check(self.name, self.key("name"), "must be a non-empty string")
         check(self.output_dir, self.key("output_dir"), "must be a non-empty path")
         self.at_least("seed", 0)
-        check(
-            self.layout_style in LAYOUT_STYLES,
-            self.key("layout_style"),
-            f"must be one of {', '.join(LAYOUT_STYLES)}, got {self.layout_style!r}",
-        )
-        self.at_least("index_entry_tokens", 0)
-        check(
-            self.protocol_version in PROTOCOL_VERSIONS,
-            self.key("protocol_version"),
-            f"must be one of {', '.join(map(str, PROTOCOL_VERSIONS))}, got {self.protocol_version!r}",
-        )
+        try:
+            self.prompt_layout()
+        except LayoutError as err:  # names the key: run.layout_style must be one of ...
+            raise ConfigError(str(err)) from None
         ok = self.block_size > 0 and self.block_size % 16 == 0
         check(
             ok,

@@ -186,8 +186,8 @@ def search_export_budgets(
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl.evaluate import layout_settings, load_split
-    from rl.export import HEED_JSON, read_heed_json
+    from rl.evaluate import load_split
+    from rl.policy_settings import HEED_JSON, layout_settings, read_heed_json
     from rollouts.selective.attention import SELECTIVE, register_selective_attention
     from rollouts.selective.eviction import save_budgets
 

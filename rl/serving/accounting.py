@@ -37,9 +37,9 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from rl.dashboard.records import MODES, predicted_modes
 from rollouts.engines.base import RolloutRequest, build_trajectory
 from rollouts.masks.accounting import KVShape
+from rollouts.protocol import MODES
 from rollouts.protocol.layout import PromptLayout
 
 REQUESTS = Counter("heed:requests", "DA-laid-out requests served, by rollout mode", ["mode"])
@@ -90,7 +90,7 @@ def request_accounting(
     )  # fmt: skip
     kv = round(float(trajectory.kv_tokens_read.sum()))  # as heed eval sums it
     vanilla = int(trajectory.trace.kv_tokens_vanilla.sum())
-    mix = Tally(predicted_modes(trajectory))
+    mix = Tally(trajectory.trace.predicted_modes)
     parsed = trajectory.parsed
     return {
         "mode": mode,

@@ -50,9 +50,8 @@ class ServeError(ValueError):
 
 
 def export_settings(export: str | Path) -> dict:
-    """The layout settings of an export (``rl.evaluate.layout_settings`` of its ``heed.json``)."""
-    from rl.evaluate import EvalError, layout_settings
-    from rl.export import ExportError, read_heed_json
+    """The layout settings of an export (``rl.policy_settings.layout_settings`` of its ``heed.json``)."""
+    from rl.policy_settings import SettingsError, layout_settings, read_heed_json
 
     export = Path(export)
     if not (export / "config.json").is_file():
@@ -65,7 +64,7 @@ def export_settings(export: str | Path) -> dict:
                 "thinking mode and protocol version the policy was trained with)"
             )
         return layout_settings(export, info)
-    except (EvalError, ExportError) as err:
+    except SettingsError as err:
         raise ServeError(str(err)) from None
 
 

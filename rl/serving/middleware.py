@@ -53,8 +53,7 @@ class _Serving:
     def __init__(self, app_state):
         from transformers import AutoTokenizer
 
-        from rl.evaluate import layout_settings
-        from rl.export import read_heed_json
+        from rl.policy_settings import layout_settings, read_heed_json
         from rollouts.engines.vllm_selective import is_selective
         from rollouts.masks.accounting import KVShape
         from rollouts.protocol.tokens import token_bytes_table

@@ -12,9 +12,10 @@ Server-side layout: a client that has no Heed sends the question and the documen
 
 The body is rewritten to what a token-id client sends — the layout's ``input_ids`` as the prompt and the
 wire layout as ``heed_da`` — so the plugin admits and masks it like any other DA request. The layout is
-``rl.evaluate.build_requests``' (``data.prompts.layout_example``: the function ``heed eval``, SFT and
-rollouts lay an example out with) under the export's settings (``layout_settings``): a served example
-reads the prompt its eval read, ``vanilla`` included (no DA instructions, stock engine).
+``data.prompts.layout_example``'s (the function ``heed eval``, SFT and rollouts lay an example out with)
+under the export's settings for the mode (``rl.policy_settings.layout_settings``,
+``LayoutSettings.for_mode``): a served example reads the prompt its eval read, ``vanilla`` included (no DA
+instructions, stock engine).
 
 Token-id requests that carry their own wire layout (``heed_da``) are only tracked for accounting; the
 plugin validates them at submission, and one that does not parse here goes to vLLM as sent (its 400
@@ -94,7 +95,7 @@ def da_request(
 
 
 def _server_side_layout(body: dict, xargs: dict, tokenizer, settings, max_model_len: int | None) -> DARequest:
-    from rl.evaluate import build_requests
+    from data.prompts import layout_example
 
     if LAYOUT_KEY in xargs:
         raise ServeRequestError(
@@ -128,7 +129,7 @@ def _server_side_layout(body: dict, xargs: dict, tokenizer, settings, max_model_
             raise ServeRequestError(f"vllm_xargs.{CHUNK_TOKENS_KEY} must be a positive integer")
         example["chunk_tokens"] = chunk_tokens
     try:
-        (request,) = build_requests([example], tokenizer, layout=settings, modes=(mode,), max_tokens=1)
+        layout = layout_example(example, tokenizer, settings.for_mode(mode))
     except (LayoutError, TypeError) as err:  # documents of the wrong type, empty ones
         raise ServeRequestError(f"the documents cannot be laid out: {err}") from None
     except ValueError as err:  # a document longer than chunk_tokens (data.prompts.layout_example)
@@ -136,7 +137,6 @@ def _server_side_layout(body: dict, xargs: dict, tokenizer, settings, max_model_
             f"the documents cannot be laid out: {err}; split long documents or raise "
             f"vllm_xargs.{CHUNK_TOKENS_KEY} (default {DEFAULT_CHUNK_TOKENS})"
         ) from None
-    layout = request.layout
     rest = {k: v for k, v in xargs.items() if k not in SERVER_LAYOUT_KEYS}
     if mode != "vanilla":  # vanilla runs on the stock engine: nothing attached
         wire = da_extra_args(layout, mode)

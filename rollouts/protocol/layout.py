@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -267,6 +267,53 @@ class LayoutSettings:
         """:func:`build_prompt` under these settings."""
         return build_prompt(question, context, tokenizer, chunk_tokens=chunk_tokens, **self.to_dict())
 
+    def for_mode(self, mode: str) -> LayoutSettings:
+        """The settings a rollout ``mode`` lays its prompt out with: ``vanilla`` (the stock-engine
+        reference, the paper's Vanilla) without the DA instructions, every other mode with these."""
+        return replace(self, instructions=self.instructions and mode != "vanilla")
+
+    def to_record(self) -> dict:
+        """The settings as ``heed.json`` and the run config's ``run:`` section spell them (``style`` is
+        ``layout_style``); :meth:`from_record` reads them back. The one serialiser of these settings.
+
+        >>> LayoutSettings.from_record(LayoutSettings(style="compact").to_record()).style
+        'compact'
+        """
+        return {key: getattr(self, name) for name, key in _RECORD_KEYS.items()}
+
+    @classmethod
+    def from_record(
+        cls, record: Mapping, *, source: str = "", prefix: str = "", required: Sequence[str] = ()
+    ) -> LayoutSettings:
+        """The settings ``record`` holds (keys as :meth:`to_record` writes them; others are ignored). A
+        missing key takes its default unless it is ``required``. A value of the wrong type or range is a
+        :class:`LayoutError` naming ``source`` and the key as the user wrote it (``prefix`` + key, e.g.
+        ``run.layout_style``).
+
+        >>> LayoutSettings.from_record({"block_size": 64, "layout_style": "plain"}).to_dict()["style"]
+        'plain'
+        >>> LayoutSettings.from_record({"thinking": "yes"}, source="heed.json")
+        Traceback (most recent call last):
+        ...
+        rollouts.protocol.layout.LayoutError: heed.json: thinking must be true or false, got 'yes'
+        """
+        at = f"{source}: " if source else ""
+        missing = [key for key in required if key not in record]
+        if missing:
+            raise LayoutError(f"{at}{', '.join(prefix + key for key in missing)} missing")
+        values = {}
+        for name, key in _RECORD_KEYS.items():
+            if key not in record:
+                continue
+            value, problem = record[key], _RECORD_CHECKS[key](record[key])
+            if problem:
+                raise LayoutError(f"{at}{prefix}{key} must be {problem}, got {value!r}")
+            values[name] = value
+        try:
+            return cls(**values)
+        except LayoutError as err:
+            raise LayoutError(f"{at}{err}") from None
+
     def to_dict(self) -> dict:
         """:func:`build_prompt`'s keyword arguments."""
         return {
@@ -280,6 +327,32 @@ class LayoutSettings:
 
 
 DEFAULT_LAYOUT = LayoutSettings()  # build_prompt's defaults (frozen: safe as a default argument)
+# LayoutSettings field -> its key in heed.json and in the run config's run: section
+_RECORD_KEYS = {
+    "block_size": "block_size",
+    "thinking": "thinking",
+    "style": "layout_style",
+    "instructions": "instructions",
+    "index_entry_tokens": "index_entry_tokens",
+    "protocol_version": "protocol_version",
+}
+
+
+def _positive_int(value, least: int = 1) -> bool:
+    return type(value) is int and value >= least
+
+
+# record key -> what its value must be, or "" when it is that (bool is no int here: true is no block size)
+_RECORD_CHECKS = {
+    "block_size": lambda v: "" if _positive_int(v) else "a positive integer",
+    "thinking": lambda v: "" if isinstance(v, bool) else "true or false",
+    "layout_style": lambda v: "" if v in LAYOUT_STYLES else f"one of {', '.join(LAYOUT_STYLES)}",
+    "instructions": lambda v: "" if isinstance(v, bool) else "true or false",
+    "index_entry_tokens": lambda v: "" if _positive_int(v, 0) else "an integer >= 0",
+    "protocol_version": lambda v: (
+        "" if type(v) is int and v in PROTOCOL_VERSIONS else f"one of {PROTOCOL_VERSIONS}"
+    ),
+}
 
 
 def build_prompt(

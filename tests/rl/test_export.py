@@ -14,7 +14,8 @@ import torch
 import yaml
 
 from rl.cli import main
-from rl.export import COMPLETE_MARKER, ExportError, export_checkpoint, read_heed_json
+from rl.export import COMPLETE_MARKER, ExportError, export_checkpoint
+from rl.policy_settings import read_heed_json
 from rollouts.protocol import PROTOCOL_VERSION, LayoutSettings, system_instructions
 from tests.rollouts.conftest import save_tiny_qwen3
 

@@ -164,8 +164,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _oracle(export: Path, rows, tokenizer):
     """`heed eval`'s requests and report for CASES, on an in-process engine over the same export."""
-    from rl.evaluate import build_requests, layout_settings, run_requests
-    from rl.export import read_heed_json
+    from rl.evaluate import build_requests, run_requests
+    from rl.policy_settings import layout_settings, read_heed_json
 
     settings = layout_settings(export, read_heed_json(export))
     by_key = {}
@@ -490,8 +490,8 @@ def test_chat_with_documents_as_tool_results_is_evals_prompt_completion_and_acco
 
 
 def test_a_two_turn_chat_is_laid_out_with_both_turns_chunks(served, rows, tokenizer):
-    from rl.evaluate import build_requests, layout_settings
-    from rl.export import read_heed_json
+    from rl.evaluate import build_requests
+    from rl.policy_settings import layout_settings, read_heed_json
 
     export = served["server"].model
     _, example = _two_turns(rows)

@@ -80,7 +80,9 @@ def test_what_cannot_be_served_is_refused(export, tmp_path):
     (export / "heed.json").write_text(
         json.dumps({"protocol_version": 99, "block_size": 32, "thinking": False})
     )
-    with pytest.raises(ServeError, match="protocol version 99"):
+    with pytest.raises(
+        ServeError, match=r"heed\.json: protocol_version must be one of \(1, 2, 3, 4, 5\), got 99"
+    ):
         vllm_argv(export, [], on_cpu=True)
 
 
