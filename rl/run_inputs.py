@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from rl.added_tokens import add_protocol_tokens, grow_embeddings, protocol_spellings
 from rl.config import RunConfig
 from rl.console import console
 from rl.export import complete_steps
@@ -32,14 +33,20 @@ def run_tokenizer(config: RunConfig, run_dir: Path):
     saved = run_dir / "tokenizer"
     if saved.is_dir():
         return AutoTokenizer.from_pretrained(saved)
-    path = config.tokenizer.path or config.model.path
-    tokenizer = (
-        AutoTokenizer.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
-        if path
-        else local_tokenizer(config)
-    )
+    path = source_tokenizer_path(config)
+    if path:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
+        if config.tokenizer.protocol_tokens:
+            add_protocol_tokens(tokenizer)  # the model's embedding grows to match (run_model)
+    else:
+        tokenizer = local_tokenizer(config)
     tokenizer.save_pretrained(saved)
     return tokenizer
+
+
+def source_tokenizer_path(config: RunConfig) -> str | None:
+    """Where the run's tokenizer comes from: ``tokenizer.path``, else the model's; None: the local BPE."""
+    return config.tokenizer.path or config.model.path
 
 
 def local_tokenizer(config: RunConfig):
@@ -94,6 +101,15 @@ def run_model(config: RunConfig, run_dir: Path, tokenizer, budgets: Sequence[int
             cfg.path, dtype=dtype, trust_remote_code=cfg.trust_remote_code,
             attn_implementation=SELECTIVE if config.selective.enabled else cfg.attn_implementation,
         )  # fmt: skip
+        if (
+            config.tokenizer.protocol_tokens
+        ):  # the tags run_tokenizer added: rows for them (rl/added_tokens.py)
+            from transformers import AutoTokenizer
+
+            before = AutoTokenizer.from_pretrained(
+                source_tokenizer_path(config), trust_remote_code=cfg.trust_remote_code
+            )
+            grow_embeddings(model, protocol_spellings(before, tokenizer))
     else:
         model = build_tiny_model(tokenizer, cfg.tiny, dtype=dtype)
         model.config._attn_implementation = cfg.attn_implementation

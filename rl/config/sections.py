@@ -103,7 +103,9 @@ class TokenizerSection(Section):
     path: str | None = None  # HF tokenizer dir or hub id; None: the local BPE (data/tokenizer.py)
     # the local BPE only: one digit per token, as Qwen's (a number is then the same tokens wherever it is)
     split_digits: bool = False
-    # the local BPE only: every DA tag one token (data/tokenizer.py PROTOCOL_TOKENS), as Qwen3's <think>
+    # Every DA tag one token (rollouts.protocol.PROTOCOL_TAG_TOKENS), as Qwen3's <think>: built into the
+    # local BPE, or added to tokenizer.path's tokenizer, with the model's embedding grown to hold them and
+    # each new row the mean of the rows of the tag's old spelling (rl/added_tokens.py)
     protocol_tokens: bool = False
 
     def validate(self):
@@ -111,13 +113,6 @@ class TokenizerSection(Section):
             not (self.split_digits and self.path),
             self.key("split_digits"),
             "applies to the local BPE only; a tokenizer.path brings its own digit handling: drop one of them",
-        )
-        check(
-            not (self.protocol_tokens and self.path),
-            self.key("protocol_tokens"),
-            "applies to the local BPE only; a tokenizer.path brings its own vocabulary (a run's saved "
-            "tokenizer keeps the tags it was built with): set tokenizer.protocol_tokens=false or drop "
-            "tokenizer.path",
         )
 
 

@@ -135,21 +135,20 @@ def test_bad_values_name_the_dotted_key(override, key):
         load_run_config(None, [override])
 
 
-@pytest.mark.parametrize("option", ["split_digits", "protocol_tokens"])
-def test_local_tokenizer_options_are_for_the_local_tokenizer_only(option):
+def test_split_digits_is_for_the_local_tokenizer_only():
     for value in (True, False):
-        assert getattr(load_run_config(None, [f"tokenizer.{option}={value}"]).tokenizer, option) is value
-    # a tokenizer of one's own, neither option set (later overrides win)
-    own = ["tokenizer.path=some/dir", "data.build.tokenizer=some/dir", "tokenizer.protocol_tokens=false"]
-    with pytest.raises(ValueError, match=rf"tokenizer\.{option}: applies to the local BPE only"):
-        load_run_config(None, [*own, f"tokenizer.{option}=true"])
-    assert load_run_config(None, [*own, f"tokenizer.{option}=false"]).tokenizer.path == "some/dir"
+        assert load_run_config(None, [f"tokenizer.split_digits={value}"]).tokenizer.split_digits is value
+    own = ["tokenizer.path=some/dir", "data.build.tokenizer=some/dir"]  # a tokenizer of one's own
+    with pytest.raises(ValueError, match=r"tokenizer\.split_digits: applies to the local BPE only"):
+        load_run_config(None, [*own, "tokenizer.split_digits=true"])
+    assert load_run_config(None, [*own, "tokenizer.split_digits=false"]).tokenizer.path == "some/dir"
 
 
-def test_the_default_spells_each_tag_in_one_token_and_says_what_to_change_for_a_model_of_ones_own():
+def test_protocol_tokens_go_into_the_local_bpe_or_a_tokenizer_of_ones_own():
     assert load_run_config(None).tokenizer.protocol_tokens  # configs/tiny.yaml
-    with pytest.raises(ValueError, match=r"set tokenizer\.protocol_tokens=false"):
-        load_run_config(None, ["tokenizer.path=some/dir", "data.build.tokenizer=some/dir"])
+    # a pretrained tokenizer gains them (rl/added_tokens.py), the default's setting kept
+    own = load_run_config(None, ["tokenizer.path=some/dir", "data.build.tokenizer=some/dir"]).tokenizer
+    assert own.path == "some/dir" and own.protocol_tokens
 
 
 def test_weight_sync_choices_are_the_pools():
