@@ -15,6 +15,9 @@ let the total drive learning and the components only be logged::
 and TRL forwards every extra key a ``rollout_func`` returns to the reward functions, one value per
 completion. In order of preference:
 
+0. ``reward_breakdown`` (``REWARD_COLUMN``): the :class:`~rewards.composite.RewardBreakdown` the rollout
+   function already computed for the completion (Heed's GRPO scores each completion once, when it is
+   generated, with :meth:`DAReward.score_trajectories`); returned as it is.
 1. ``trajectory``: the :class:`~rollouts.trajectory.Trajectory` itself; scored by
    :func:`~rewards.composite.score_trajectory` (its parse, accounting and ``example`` row).
 2. ``kv_tokens`` and ``kv_tokens_vanilla``: per-step KV tokens the engine read (``CompletionTrace
@@ -62,6 +65,8 @@ from .config import RewardConfig
 from .efficiency import DecodeCost, KVReads
 
 logger = logging.getLogger(__name__)
+
+REWARD_COLUMN = "reward_breakdown"  # a rollout function's precomputed scores, one per completion
 
 
 def completion_text(completion: object) -> str | None:
@@ -176,6 +181,11 @@ class DAReward:
             for i, completion in enumerate(completions)
         )
 
+    def score_trajectories(self, trajectories: Sequence[Trajectory]) -> RewardBatch:
+        """Rollout trajectories scored under this reward's config and decode cost (what the rollout
+        function hands on as ``REWARD_COLUMN``)."""
+        return RewardBatch.of(self._score_row(None, None, {"trajectory": t}) for t in trajectories)
+
     def component(self, name: str) -> ComponentReward:
         """A TRL reward function returning one component (``None`` where coverage is unknown)."""
         return ComponentReward(self, name)
@@ -185,6 +195,8 @@ class DAReward:
 
     def _score_row(self, completion, ids, row: dict) -> RewardBreakdown:
         try:
+            if isinstance(row.get(REWARD_COLUMN), RewardBreakdown):
+                return row[REWARD_COLUMN]  # scored where it was generated
             trajectory = row.get("trajectory")
             if isinstance(trajectory, Trajectory):
                 return score_trajectory(trajectory, self.config, self.cost)

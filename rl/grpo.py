@@ -34,8 +34,10 @@ sampled token corrects the gradient and is logged (``sampling/importance_samplin
 the difference is float noise; a trainer forward without the mask shows up there at once.
 
 Rewards are :mod:`rewards` (the composite DA reward and each component, logged as
-``rewards/<component>_reward/mean``); the batch's mode mix, KV reads and sampled trajectories go to the
-run directory the dashboards read (``rl/dashboard/run_dir.py``).
+``rewards/<component>_reward/mean``). Each completion is scored once, where it is generated
+(:meth:`HeedGRPOTrainer.score_rollouts`); the rollout hands the scores to TRL's reward functions and to
+the dashboards. The batch's mode mix, KV reads and sampled trajectories go to the run directory the
+dashboards read (``rl/dashboard/run_dir.py``).
 
 Multi-process training: rank 0 owns the pool; the other ranks' prompts are gathered, generated in one
 pool call and scattered back (each rank keeps its slice), so a data-parallel step samples exactly what
@@ -55,7 +57,9 @@ import torch
 from trl import GRPOTrainer
 
 from data.prompts import layout_example
+from rewards import RewardBreakdown
 from rewards.config import RewardConfig
+from rewards.trl_rewards import REWARD_COLUMN, DAReward
 from rl.logprobs import masked_completion_logps, shared_completion_logps
 from rollouts.engines.base import RolloutRequest
 from rollouts.masks import CompletionTrace, trace_completion
@@ -166,18 +170,22 @@ class DARollout:
         started = time.perf_counter()
         payload: list[Any] = [None]
         if accelerator.is_main_process:
-            payload = [[self._trainable(t) for t in self.pool.generate(self.requests(all_ids, trainer))]]
+            batch = [self._trainable(t) for t in self.pool.generate(self.requests(all_ids, trainer))]
+            payload = [(batch, trainer.score_rollouts(batch))]  # each completion scored once, here
         if accelerator.num_processes > 1:
             broadcast_object_list(payload, from_process=0)
-        batch = payload[0]  # the whole generation batch, every rank's prompts in rank order
-        offset = accelerator.process_index * len(example_ids)
-        trajectories = batch[offset : offset + len(example_ids)]  # this rank's rows
-        trainer.on_rollouts(trajectories, time.perf_counter() - started, batch=batch)
+        batch, rewards = payload[0]  # the whole generation batch, every rank's prompts in rank order
+        rows = slice(
+            accelerator.process_index * len(example_ids), (accelerator.process_index + 1) * len(example_ids)
+        )
+        trajectories = batch[rows]  # this rank's rows
+        trainer.on_rollouts(trajectories, time.perf_counter() - started, batch=batch, rewards=rewards)
         return {
             "prompt_ids": [list(t.layout.input_ids) for t in trajectories],
             "completion_ids": [list(t.completion_ids) for t in trajectories],
             "logprobs": [list(t.logprobs) for t in trajectories],
             "trajectory": trajectories,
+            REWARD_COLUMN: rewards[rows],  # the reward functions read these scores, not score again
         }
 
     def _trainable(self, trajectory: Trajectory) -> Trajectory:
@@ -283,13 +291,29 @@ class HeedGRPOTrainer(GRPOTrainer):
             "rollouts/engines": engines,
         }
 
+    def score_rollouts(self, batch: list[Trajectory]) -> list[RewardBreakdown]:
+        """The reward of every trajectory of a generation batch (rank 0, once per completion): by the
+        trainer's :class:`~rewards.trl_rewards.DAReward` when it has one (its config and decode cost),
+        else by the composite reward under ``reward_config``. The rollout hands these scores to the
+        reward functions (``REWARD_COLUMN``) and to the dashboards."""
+        from rewards.composite import score_trajectories
+
+        da_reward = next((f for f in self.reward_funcs if isinstance(f, DAReward)), None)
+        if da_reward is not None:
+            return da_reward.score_trajectories(batch).items
+        return score_trajectories(batch, self.reward_config, self.decode_cost).items
+
     def on_rollouts(
-        self, trajectories: list[Trajectory], wall_time_s: float, batch: list[Trajectory] | None = None
+        self,
+        trajectories: list[Trajectory],
+        wall_time_s: float,
+        batch: list[Trajectory] | None = None,
+        rewards: list[RewardBreakdown] | None = None,
     ) -> None:
         """Called by :class:`DARollout` with this rank's rows of a generation batch: keep their traces
         (the old-policy and reference forwards run on them next); rank 0 records what the dashboards
-        show for the whole ``batch`` (every rank's rows; default: ``trajectories``)."""
-        from rewards.composite import score_trajectories
+        show for the whole ``batch`` (every rank's rows; default: ``trajectories``) and its ``rewards``
+        (:meth:`score_rollouts` of it; scored here when not given)."""
         from rl.dashboard.records import step_metrics, trajectory_record
 
         self._rollout_traces = [t.trace for t in trajectories]
@@ -298,7 +322,7 @@ class HeedGRPOTrainer(GRPOTrainer):
             return
         trajectories = trajectories if batch is None else batch
         step = self.state.global_step
-        rewards = score_trajectories(trajectories, self.reward_config).items
+        rewards = self.score_rollouts(trajectories) if rewards is None else rewards
         self._pending = step_metrics(
             trajectories,
             rewards,

@@ -177,6 +177,33 @@ def test_a_trajectory_batch_is_scored_once_for_total_and_components(
     assert len(calls) == 2
 
 
+def test_scores_the_rollout_already_computed_are_read_not_recomputed(
+    acme_layout, tokenizer, token_table, monkeypatch
+):
+    import rewards.composite
+    import rewards.trl_rewards as module
+
+    trajectory = make_trajectory(acme_layout, tokenizer, token_table, ACME_GOLD, acme_example())
+    reward = DAReward(CONFIG)
+    (scored,) = reward.score_trajectories([trajectory]).items
+    assert scored == score_trajectory(trajectory, CONFIG)  # under the reward's own config
+    calls = []
+    for where in (module, rewards.composite):
+        monkeypatch.setattr(where, "score_parsed", lambda *a, **k: calls.append(a))
+    funcs, _ = trl_reward_functions(CONFIG)
+    values = [
+        f(["Q"], ["ignored"], trajectory=[trajectory], **{module.REWARD_COLUMN: [scored]}) for f in funcs
+    ]
+    assert values == [
+        [scored.total],
+        [scored.accuracy],
+        [scored.efficiency],
+        [scored.compliance],
+        [scored.coverage],
+    ]
+    assert calls == []  # nothing scored again
+
+
 def test_bytes_unit_needs_a_cost_at_construction():
     with pytest.raises(ValueError, match="efficiency_unit='time'"):
         DAReward(RewardConfig(efficiency_unit="time"))

@@ -23,10 +23,12 @@ class GoldForcedRollout:
     first batch's trajectories (``first``): the engine's log-probs in them are the untrained policy's."""
 
     first = None
+    generated = 0  # completions handed to the trainer
 
     def __call__(self, prompts, trainer):
         out = super().__call__(prompts, trainer)
         self.first = self.first or out["trajectory"]
+        self.generated += len(out["trajectory"])
         return out
 
     def requests(self, example_ids, trainer):
@@ -45,6 +47,23 @@ class GoldForcedRollout:
                 )
             )  # fmt: skip
         return out
+
+
+def count_scoring() -> list[int]:
+    """Wrap ``score_parsed``, where every completion is scored (from a trajectory or from columns), to
+    count its calls: ``[calls]``, reset by the caller."""
+    import rewards.composite
+    import rewards.trl_rewards
+
+    calls = [0]
+    score_parsed = rewards.composite.score_parsed
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return score_parsed(*args, **kwargs)
+
+    rewards.composite.score_parsed = rewards.trl_rewards.score_parsed = counted
+    return calls
 
 
 def main(mode: str, port: str, out: Path) -> None:
@@ -80,7 +99,9 @@ def main(mode: str, port: str, out: Path) -> None:
     rollout_cls = type("GoldForcedDARollout", (GoldForcedRollout, DARollout), {})
     variants = [True, False] if mode == "plain" else [True]
     deepspeed = None if mode == "plain" else str(ROOT / f"configs/deepspeed/{mode}.json")
+    scored = count_scoring()
     for da_mask in variants:
+        scored[0] = 0
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         funcs, weights = trl_reward_functions()
         args = GRPOConfig(
@@ -117,6 +138,8 @@ def main(mode: str, port: str, out: Path) -> None:
             "accuracy": [h["rewards/accuracy_reward/mean"] for h in history],
             # per first-batch completion (even slots gold): mean per-token log-prob, trained minus untrained
             "logp_shift": shift,
+            "generated": rollout.generated,  # completions the steps trained on
+            "scored": scored[0],  # rewards computed: once per completion (dashboards and loss share them)
         }), flush=True)  # fmt: skip
     pool.shutdown()
 

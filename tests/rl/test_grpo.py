@@ -62,6 +62,15 @@ def test_without_the_mask_the_trainer_disagrees_with_the_engine(plain):
     assert min(unmasked["logp_diff_max"]) > 0.1
 
 
+def test_each_completion_is_scored_once_per_step(jobs):
+    """The reward of a completion is computed once, when it is generated: the loss's reward functions
+    and the dashboards read that score (HeedGRPOTrainer.score_rollouts), under DeepSpeed too."""
+    for mode in MODES:
+        for result in jobs(mode):
+            assert result["generated"] == 2 * 4  # two steps of one generation of 4 completions each
+            assert result["scored"] == result["generated"], (mode, result["da_mask"])
+
+
 def test_grpo_steps_update_the_policy(plain):
     masked, _ = plain
     assert masked["accuracy"] == [0.5, 0.5]  # gold half right, sampled half wrong: a reward spread
