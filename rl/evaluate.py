@@ -58,10 +58,10 @@ from pathlib import Path
 from data.prompts import layout_example
 from rewards import RewardBreakdown, score_trajectories
 from rewards.config import DEFAULT_CONFIG, RewardConfig
-from rl.dashboard.records import MODES, bin_order, context_tokens, length_bin, predicted_modes
+from rl.dashboard.records import bin_order, context_tokens, length_bin, predicted_modes
 from rl.policy_settings import SettingsError, checkpoint_settings, layout_settings
 from rollouts.engines.base import RolloutRequest
-from rollouts.protocol import DEFAULT_LAYOUT, LayoutSettings
+from rollouts.protocol import DEFAULT_LAYOUT, MODE_BY_NAME, MODES, LayoutSettings
 from rollouts.trajectory import ROLLOUT_MODES, Trajectory
 
 Generate = Callable[[list[RolloutRequest]], list[Trajectory]]
@@ -90,17 +90,19 @@ class EvalRow:
     kv_tokens_per_example: float  # kv_tokens / n: what one completion read
     kv_tokens_vanilla_per_example: float  # kv_tokens_vanilla / n
     decode_steps: float  # mean generated tokens per example
-    mode_mix_global: float | None  # share of generated tokens predicted under each mode
-    mode_mix_focus: float | None
-    mode_mix_local: float | None
-    mode_mix_index: float | None
+    # mode -> share of generated tokens predicted under it, for every mode of rollouts.protocol.MODE_TABLE
+    mode_mix: dict[str, float | None]
     truncated: int = 0  # examples that stopped at max_tokens
     errors: int = 0  # examples the engine failed (scored 0)
     kv_tokens_per_layer: list[int] | None = None  # under SA eviction: what each layer read, all steps
     kv_peak_per_layer: list[int] | None = None  # under SA eviction: the most each layer held at one step
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """JSON-ready, the mode mix as flat ``mode_mix_<mode>`` keys (``Mode.eval_key``): the format eval
+        files have always had, so every ``heed dashboard`` reads old and new files alike."""
+        row = asdict(self)
+        mix = row.pop("mode_mix")
+        return {**row, **{MODE_BY_NAME[name].eval_key: share for name, share in mix.items()}}
 
 
 @dataclass
@@ -262,7 +264,7 @@ class EvalReport:
         for name in ("mode", "KV read/ex", "vanilla/ex", "KV saved", "steps", mix_header):
             table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
         for row in self.summaries:
-            mix = "/".join(_fmt(getattr(row, f"mode_mix_{m}"), "{:.0f}", scale=100) for m in MODES)
+            mix = "/".join(_fmt(row.mode_mix[m], "{:.0f}", scale=100) for m in MODES)
             table.add_row(
                 row.mode, f"{row.kv_tokens_per_example:,.0f}", f"{row.kv_tokens_vanilla_per_example:,.0f}",
                 _fmt(row.kv_saving, "{:.1%}"), f"{row.decode_steps:.1f}", mix,
@@ -296,10 +298,7 @@ class EvalReport:
             kv_tokens_per_example=kv_read / len(ts),
             kv_tokens_vanilla_per_example=kv_vanilla / len(ts),
             decode_steps=_mean([len(t.completion_ids) for t in ts]),
-            mode_mix_global=mix["global"] / generated if generated else None,
-            mode_mix_focus=mix["focus"] / generated if generated else None,
-            mode_mix_local=mix["local"] / generated if generated else None,
-            mode_mix_index=mix["index"] / generated if generated else None,
+            mode_mix={m: mix[m] / generated if generated else None for m in MODES},
             truncated=sum(t.finish_reason == "length" for t in ts),
             errors=sum(t.finish_reason == "error" for t in ts),
             kv_tokens_per_layer=_by_layer([t.kv_tokens_by_layer for t in ts], sum),

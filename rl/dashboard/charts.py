@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from rollouts.protocol import VIOLATION_KINDS
+from rollouts.protocol import MODE_TABLE, VIOLATION_KINDS
 
 from .attention_map import MASKED, AttentionMap
 from .records import MODES, bin_order
@@ -26,10 +26,10 @@ from .run_dir import Run
 from .smoothing import SMOOTHING_WEIGHT, smooth
 
 PAPER_GLOBAL_SHARE = 0.27  # the DA paper's zero-shot <global> share of generated tokens (§6.1)
-MODE_COLORS = {"global": "#d62728", "focus": "#1f77b4", "local": "#2ca02c", "index": "#9467bd"}
+MODE_COLORS = {mode.name: mode.color for mode in MODE_TABLE}
 CHUNK_COLORS = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7e9c0")  # cycled over chunks
 MASKED_COLOR, SCAFFOLD_COLOR, GENERATED_COLOR = "#f0f0f0", "#636363", "#252525"
-INDEX_COLOR = "#9467bd"  # the index region (the index mode's color)
+INDEX_COLOR = MODE_COLORS["index"]  # the index region
 LINE_COLORS = qualitative.Plotly  # a series' raw points and smoothed line share one, cycled over series
 RAW_OPACITY = 0.3  # the logged values stay visible behind the smoothed line, as in wandb and TensorBoard
 
@@ -144,7 +144,7 @@ def mode_mix(run: Run):
     local is a trend in each share, and a stacked area hides every band's trend but the bottom one's."""
     fig = _lines(
         run,
-        [f"mode_mix/{mode}" for mode in MODES],
+        [mode.metric for mode in MODE_TABLE],
         "Mode mix: share of generated tokens by mode",
         "share",
         label=lambda name: name.split("/", 1)[1],

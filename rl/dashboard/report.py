@@ -17,6 +17,7 @@ from pathlib import Path
 
 from plotly.offline import get_plotlyjs
 
+from rollouts.protocol import MODE_TABLE
 from rollouts.trajectory import ROLLOUT_MODES
 
 from . import charts
@@ -41,9 +42,8 @@ table { border-collapse: collapse; font-size: 13px; } td, th { border: 1px solid
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .completion { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 12px;
   border: 1px solid #ddd; padding: 8px; }
-.mode-global { background: #fbe3e3; } .mode-focus { background: #dde9f7; }
-.mode-local { background: #e0f3e0; } .mode-index { background: #ece3f5; }
 """
+_CSS += "\n".join(f".mode-{mode.name} {{ background: {mode.background}; }}" for mode in MODE_TABLE) + "\n"
 
 _DRAW = """
 // Errors are recorded on <body> so a headless browser test can read them from the DOM.

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rl.tables import print_table
+from rollouts.protocol import MODE_TABLE
 
-from .records import MODES
 from .report import EVAL_MODES
 from .run_dir import Run
 from .smoothing import smooth
@@ -24,7 +24,7 @@ HEADLINE = (
     "reward/efficiency",
     "reward/compliance",
     "reward/coverage",
-    *(f"mode_mix/{m}" for m in MODES),
+    *(mode.metric for mode in MODE_TABLE),
     "kv/tokens_da_per_completion",
     "kv/tokens_vanilla_per_completion",
     "kv/tokens_da",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from rollouts.protocol import MODE_TABLE
+
 from .records import MODES
 from .run_dir import ROW_KEYS, Run, RunReader
 from .trajectory_views import record_mode_mix
@@ -34,7 +36,7 @@ EVAL_COLUMNS = (
     "kv_tokens_vanilla",
     "decode_steps",
 )
-MODE_BACKGROUND = {"global": "#fbe3e3", "focus": "#dde9f7", "local": "#e0f3e0", "index": "#ece3f5"}
+MODE_BACKGROUND = {mode.name: mode.background for mode in MODE_TABLE}
 
 
 def merged_steps(run: Run) -> dict[int, dict[str, float]]:

@@ -2,6 +2,7 @@
 
 from .instructions import PROTOCOL_VERSION, PROTOCOL_VERSIONS, system_instructions
 from .layout import DEFAULT_LAYOUT, LayoutError, LayoutSettings, PromptLayout, build_prompt
+from .modes import MODE_BY_NAME, MODE_TABLE, Mode
 from .neutralize import neutralize
 from .parser import (
     GLOBAL_STATE,
@@ -27,12 +28,15 @@ __all__ = [
     "INDEX_STATE",
     "LOCAL_STATE",
     "MODES",
+    "MODE_BY_NAME",
+    "MODE_TABLE",
     "PROTOCOL_TAG_TOKENS",
     "PROTOCOL_VERSION",
     "PROTOCOL_VERSIONS",
     "VIOLATION_KINDS",
     "LayoutError",
     "LayoutSettings",
+    "Mode",
     "ModeState",
     "ParsedCompletion",
     "PromptLayout",

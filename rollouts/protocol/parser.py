@@ -62,11 +62,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .instructions import PROTOCOL_VERSION, PROTOCOL_VERSIONS
+from .modes import MODES
 
 MAX_TAG_CHARS = 256  # a `<focus ...>` candidate longer than this is plain text (bounds buffering)
 
-GLOBAL, FOCUS, LOCAL, INDEX = "global", "focus", "local", "index"
-MODES = (GLOBAL, FOCUS, LOCAL, INDEX)  # every mode, in the order tables and dashboards show them
+GLOBAL, FOCUS, LOCAL, INDEX = MODES  # every mode (modes.py: the table the views iterate)
 
 
 class ModeState(NamedTuple):

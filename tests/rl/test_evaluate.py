@@ -142,7 +142,7 @@ def test_rows_match_hand_computed_numbers(scripted_report, rows, token_table):
         assert row.decode_steps == pytest.approx(sum(map(len, runs)) / 3)
         modes = [m for r in replays for m in r[2]]
         for name in ("global", "focus", "local"):
-            assert getattr(row, f"mode_mix_{name}") == pytest.approx(modes.count(name) / len(modes))
+            assert row.mode_mix[name] == pytest.approx(modes.count(name) / len(modes))
 
 
 def test_by_mode_pools_every_example(scripted_report):
