@@ -15,6 +15,7 @@ from .accuracy import METRICS, Grade, GraderOptions, Ungradable, grade, ruler_gr
 from .compliance import compliance, evidence_coverage, narrowed_chunks
 from .composite import (
     COMPONENTS,
+    SHOWN,
     RewardBatch,
     RewardBreakdown,
     score_parsed,
@@ -48,6 +49,7 @@ __all__ = [
     "COMPONENTS",
     "EFFICIENCY_UNITS",
     "METRICS",
+    "SHOWN",
     "ComponentReward",
     "DAReward",
     "DecodeCost",

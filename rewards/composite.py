@@ -55,7 +55,9 @@ from .efficiency import DecodeCost, KVReads, budget_efficiency, kv_saving
 
 logger = logging.getLogger(__name__)
 
+# The reward's terms: RewardBreakdown fields, TRL functions ``<name>_reward``, metrics ``reward/<name>``.
 COMPONENTS = ("accuracy", "efficiency", "compliance", "coverage")
+SHOWN = ("total", *COMPONENTS)  # what the views show of a reward, in order (the dashboards iterate it)
 _ANSWER_COUNT_VIOLATIONS = frozenset({"multiple_answers", "nested_answer"})
 
 

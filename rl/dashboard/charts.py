@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from rewards import SHOWN as REWARD_SHOWN
 from rollouts.protocol import MODE_TABLE, VIOLATION_KINDS
 
 from .attention_map import MASKED, AttentionMap
@@ -111,7 +112,7 @@ def _prefixed(run: Run, prefix: str) -> list[str]:
 
 
 def rewards(run: Run):
-    names = ["reward/total", "reward/accuracy", "reward/efficiency", "reward/compliance", "reward/coverage"]
+    names = [f"reward/{name}" for name in REWARD_SHOWN]
     return _lines(run, names, "Reward: total and components (batch means)", "reward")
 
 

@@ -17,10 +17,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from rewards import SHOWN as REWARD_SHOWN
 from rewards import RewardBreakdown
 from rewards.efficiency import DecodeCost, KVReads, Roofline, decode_seconds, kv_bytes
 from rollouts.protocol import MODES, VIOLATION_KINDS
 from rollouts.trajectory import Trajectory
+
+UNPAID = ("accuracy_ruler", "kv_saving")  # RewardBreakdown fields logged beside the terms, not paid
 
 # Context-length bins (upper edges in tokens) and their labels; the paper's longest bin is 64-256K.
 LENGTH_EDGES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 262144)
@@ -93,13 +96,7 @@ def trajectory_record(trajectory: Trajectory, reward: RewardBreakdown, step: int
         if t.kv_tokens_per_layer is None
         else np.asarray(t.kv_tokens_per_layer).tolist(),
         "reward": {
-            "total": reward.total,
-            "accuracy": reward.accuracy,
-            "accuracy_ruler": reward.accuracy_ruler,
-            "efficiency": reward.efficiency,
-            "compliance": reward.compliance,
-            "coverage": reward.coverage,
-            "kv_saving": reward.kv_saving,
+            **{name: getattr(reward, name) for name in (*REWARD_SHOWN, *UNPAID)},
             "reasons": list(reward.reasons),
         },
     }
@@ -132,10 +129,8 @@ def step_metrics(
     if len(trajectories) != len(rewards):
         raise ValueError(f"{len(trajectories)} trajectories but {len(rewards)} rewards")
     out: dict[str, float | None] = {}
-    for name in ("total", "accuracy", "accuracy_ruler", "efficiency", "compliance"):
-        out[f"reward/{name}"] = _mean([getattr(r, name) for r in rewards])
-    out["reward/coverage"] = _mean([r.coverage for r in rewards if r.coverage is not None])
-    out["reward/kv_saving"] = _mean([r.kv_saving for r in rewards if r.kv_saving is not None])
+    for name in (*REWARD_SHOWN, *UNPAID):  # over the completions that know it (coverage, saving: not all)
+        out[f"reward/{name}"] = _mean([v for r in rewards if (v := getattr(r, name)) is not None])
 
     by_task: dict[str, list[RewardBreakdown]] = defaultdict(list)
     by_bin: dict[str, list[int]] = defaultdict(list)  # bin -> indices

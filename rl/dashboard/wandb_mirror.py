@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from rewards import SHOWN as REWARD_SHOWN
 from rollouts.protocol import MODE_TABLE
 
 from .records import MODES
@@ -22,7 +23,7 @@ from .run_dir import ROW_KEYS, Run, RunReader
 from .trajectory_views import record_mode_mix
 
 SAMPLE_COLUMNS = (
-    "id", "step", "task", "context_tokens", "reward", "accuracy", "efficiency", "compliance", "coverage",
+    "id", "step", "task", "context_tokens", *("reward" if c == "total" else c for c in REWARD_SHOWN),
     *(f"share_{m}" for m in MODES), "kv_saving", "violations", "answer", "text",
 )  # fmt: skip
 EVAL_COLUMNS = (
@@ -79,7 +80,7 @@ def record_rows(records: list[dict]) -> list[list]:
             violations = ", ".join(v["kind"] for v in t.get("violations", []))
             rows.append(
                 [t["id"], t["step"], t.get("task"), t.get("context_tokens")]
-                + [reward.get(c) for c in ("total", "accuracy", "efficiency", "compliance", "coverage")]
+                + [reward.get(c) for c in REWARD_SHOWN]
                 + [mix[m] for m in MODES]
                 + [reward.get("kv_saving"), violations, t.get("answer"), colored_text_html(t)]
             )
