@@ -9,13 +9,13 @@
   trajectories; ``config``: its documented, validated configuration, every setting declared once
   (``settings``: default, help and range on one field; the roofline's and the graders' by their owners).
 - ``trl_rewards``: the same as TRL reward functions (``prompts, completions, **columns``).
+- ``terms``: a reward term added in one place (``register_term``): the total, TRL's functions, the
+  metrics, the dashboards and ``heed eval``'s table take it from there (``shown``).
 """
 
 from .accuracy import METRICS, Grade, GraderOptions, Ungradable, grade, ruler_grade
 from .compliance import compliance, evidence_coverage, narrowed_chunks
 from .composite import (
-    COMPONENTS,
-    SHOWN,
     RewardBatch,
     RewardBreakdown,
     score_parsed,
@@ -33,6 +33,7 @@ from .efficiency import (
     kv_bytes,
     kv_saving,
 )
+from .terms import COMPONENTS, RewardTerm, register_term, registered, shown, term_names, unregister_term
 from .trl_rewards import (
     ComponentReward,
     DAReward,
@@ -49,7 +50,6 @@ __all__ = [
     "COMPONENTS",
     "EFFICIENCY_UNITS",
     "METRICS",
-    "SHOWN",
     "ComponentReward",
     "DAReward",
     "DecodeCost",
@@ -59,6 +59,7 @@ __all__ = [
     "RewardBatch",
     "RewardBreakdown",
     "RewardConfig",
+    "RewardTerm",
     "Roofline",
     "Ungradable",
     "accuracy_reward",
@@ -75,9 +76,14 @@ __all__ = [
     "kv_bytes",
     "kv_saving",
     "narrowed_chunks",
+    "register_term",
+    "registered",
     "ruler_grade",
     "score_parsed",
     "score_trajectories",
     "score_trajectory",
+    "shown",
+    "term_names",
     "trl_reward_functions",
+    "unregister_term",
 ]

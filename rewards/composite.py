@@ -52,12 +52,10 @@ from .accuracy import grade, ruler_grade
 from .compliance import compliance, evidence_coverage
 from .config import DEFAULT_CONFIG, RewardConfig
 from .efficiency import DecodeCost, KVReads, budget_efficiency, kv_saving
+from .terms import extra_terms
 
 logger = logging.getLogger(__name__)
 
-# The reward's terms: RewardBreakdown fields, TRL functions ``<name>_reward``, metrics ``reward/<name>``.
-COMPONENTS = ("accuracy", "efficiency", "compliance", "coverage")
-SHOWN = ("total", *COMPONENTS)  # what the views show of a reward, in order (the dashboards iterate it)
 _ANSWER_COUNT_VIOLATIONS = frozenset({"multiple_answers", "nested_answer"})
 
 
@@ -73,6 +71,19 @@ class RewardBreakdown:
     kv_saving: float | None  # ungated 1 - attended/vanilla in the configured unit; None: unknown
     reasons: tuple[str, ...] = ()
     accuracy_ruler: float = 0.0  # the answer under RULER's own metric (recall only, no length guard); unpaid
+    extra: tuple[tuple[str, float | None], ...] = ()  # (name, value) of each registered term (terms.py)
+
+    def value(self, name: str) -> float | None:
+        """A term (built in or registered), ``total``, ``kv_saving`` or ``accuracy_ruler`` by name."""
+        if name in _FIELDS:
+            return getattr(self, name)
+        for term, value in self.extra:
+            if term == name:
+                return value
+        raise KeyError(f"no reward term {name!r}; terms: {', '.join(n for n in _FIELDS if n != 'reasons')}")
+
+
+_FIELDS = tuple(f for f in RewardBreakdown.__dataclass_fields__ if f != "extra")
 
 
 @dataclass
@@ -87,8 +98,8 @@ class RewardBatch:
         return [r.total for r in self.items]
 
     def column(self, name: str) -> list:
-        """One component (or ``total`` / ``kv_saving``) over the batch."""
-        return [getattr(r, name) for r in self.items]
+        """One term (or ``total`` / ``kv_saving``) over the batch."""
+        return [r.value(name) for r in self.items]
 
     @classmethod
     def of(cls, items: Iterable[RewardBreakdown]) -> RewardBatch:
@@ -128,7 +139,7 @@ def score_parsed(
     >>> parsed = parse_completion('<focus magic_chunks="2,7">2003, 2011</focus><answer>8 years</answer>', 7)
     >>> config = RewardConfig(efficiency_reference_tokens=4)  # a budget of 4 vanilla steps: 406 KV tokens
     >>> score_parsed(parsed, example, reads, num_chunks=7, config=config)
-    RewardBreakdown(total=1.75, accuracy=1.0, efficiency=0.5, compliance=1.0, coverage=1.0, kv_saving=0.5, reasons=(), accuracy_ruler=1.0)
+    RewardBreakdown(total=1.75, accuracy=1.0, efficiency=0.5, compliance=1.0, coverage=1.0, kv_saving=0.5, reasons=(), accuracy_ruler=1.0, extra=())
     >>> score_parsed(parse_completion("<answer>9 years</answer>", 7), example, reads, num_chunks=7).reasons
     ('compliance/no_focus', 'efficiency/gated:accuracy')
     """
@@ -182,7 +193,12 @@ def score_parsed(
         + config.compliance_weight * follows
         + config.coverage_weight * (coverage or 0.0)
     )
-    return RewardBreakdown(total, accuracy, efficiency, follows, coverage, saving, tuple(reasons), ruler)
+    terms = extra_terms()  # registered terms (terms.py): scored after the built-in ones, ungated
+    extra = tuple((term.name, term.value(parsed, example, reads, reasons)) for term in terms)
+    total += sum(term.weight_in(config) * (value or 0.0) for term, (_, value) in zip(terms, extra))
+    return RewardBreakdown(
+        total, accuracy, efficiency, follows, coverage, saving, tuple(reasons), ruler, extra
+    )
 
 
 def score_trajectory(
@@ -225,8 +241,9 @@ def score_trajectories(
 def zero_reward(
     reasons: Iterable[str], kv_saving: float | None = None, coverage: float | None = None
 ) -> RewardBreakdown:
-    """Nothing gradable: every component 0 (coverage 0 where the evidence is known, else ``None``)."""
-    return RewardBreakdown(0.0, 0.0, 0.0, 0.0, coverage, kv_saving, tuple(reasons))
+    """Nothing gradable: every term 0 (coverage 0 where the evidence is known, else ``None``)."""
+    extra = tuple((term.name, 0.0) for term in extra_terms())
+    return RewardBreakdown(0.0, 0.0, 0.0, 0.0, coverage, kv_saving, tuple(reasons), extra=extra)
 
 
 def _saving(

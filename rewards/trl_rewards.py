@@ -53,7 +53,6 @@ from rollouts.protocol import PromptLayout, parse_completion
 from rollouts.trajectory import Trajectory
 
 from .composite import (
-    COMPONENTS,
     RewardBatch,
     RewardBreakdown,
     check_cost,
@@ -63,6 +62,7 @@ from .composite import (
 )
 from .config import RewardConfig
 from .efficiency import DecodeCost, KVReads
+from .terms import term_names
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class DAReward:
         return ComponentReward(self, name)
 
     def components(self) -> list[ComponentReward]:
-        return [ComponentReward(self, name) for name in COMPONENTS]
+        return [ComponentReward(self, name) for name in term_names()]  # registered terms too
 
     def _score_row(self, completion, ids, row: dict) -> RewardBreakdown:
         try:
@@ -274,8 +274,8 @@ class ComponentReward:
     """One component of a :class:`DAReward` as its own TRL reward function, named ``<component>_reward``."""
 
     def __init__(self, reward: DAReward, name: str):
-        if name not in COMPONENTS:
-            raise ValueError(f"component must be one of {COMPONENTS}, got {name!r}")
+        if name not in term_names():
+            raise ValueError(f"component must be one of {term_names()}, got {name!r}")
         self.reward, self.name = reward, name
         self.__name__ = f"{name}_reward"
 

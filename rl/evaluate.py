@@ -93,13 +93,19 @@ class EvalRow:
     errors: int = 0  # examples the engine failed (scored 0)
     kv_tokens_per_layer: list[int] | None = None  # under SA eviction: what each layer read, all steps
     kv_peak_per_layer: list[int] | None = None  # under SA eviction: the most each layer held at one step
+    # mean of each registered reward term (rewards/terms.py) over the completions that know it
+    terms: dict[str, float | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """JSON-ready, the mode mix as flat ``mode_mix_<mode>`` keys (``Mode.eval_key``): the format eval
         files have always had, so every ``heed dashboard`` reads old and new files alike."""
         row = asdict(self)
-        mix = row.pop("mode_mix")
-        return {**row, **{MODE_BY_NAME[name].eval_key: share for name, share in mix.items()}}
+        mix, terms = row.pop("mode_mix"), row.pop("terms")
+        return {
+            **row,
+            **{MODE_BY_NAME[name].eval_key: share for name, share in mix.items()},
+            **{f"reward_{name}": mean for name, mean in terms.items()},  # registered terms: reward_<name>
+        }
 
 
 @dataclass
@@ -241,12 +247,14 @@ class EvalReport:
         from rich.table import Table
 
         table = Table(title=title, title_justify="left")
-        for name in ("mode", "n", "acc", "RULER", "compl.", "cover.", "trunc/err"):
+        terms = list(dict.fromkeys(name for row in self.summaries for name in row.terms))  # registered
+        for name in ("mode", "n", "acc", "RULER", "compl.", "cover.", *terms, "trunc/err"):
             table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
         for row in self.summaries:
             table.add_row(
                 row.mode, str(row.n), _fmt(row.accuracy, "{:.3f}"), _fmt(row.accuracy_ruler, "{:.3f}"),
-                _fmt(row.compliance, "{:.3f}"), _fmt(row.coverage, "{:.3f}"), f"{row.truncated}/{row.errors}",
+                _fmt(row.compliance, "{:.3f}"), _fmt(row.coverage, "{:.3f}"),
+                *(_fmt(row.terms.get(name), "{:.3f}") for name in terms), f"{row.truncated}/{row.errors}",
             )  # fmt: skip
         return table
 
@@ -274,7 +282,6 @@ class EvalReport:
     def _summarize(self, mode: str, task: str, label: str, indices: list[int]) -> EvalRow:
         ts = [self.trajectories[i] for i in indices]
         rs = [self.rewards[i] for i in indices]
-        coverage = [r.coverage for r in rs if r.coverage is not None]
         kv_read = sum(completion_kv_tokens(t) for t in ts)
         kv = round(kv_read)
         kv_vanilla = sum(int(t.trace.kv_tokens_vanilla.sum()) for t in ts)
@@ -288,7 +295,7 @@ class EvalReport:
             accuracy=_mean([r.accuracy for r in rs]),
             accuracy_ruler=_mean([r.accuracy_ruler for r in rs]),
             compliance=_mean([r.compliance for r in rs]),
-            coverage=_mean(coverage) if coverage else None,
+            coverage=_mean_known([r.coverage for r in rs]),
             kv_saving=1.0 - kv / kv_vanilla if kv_vanilla else None,
             kv_tokens=kv,
             kv_tokens_vanilla=kv_vanilla,
@@ -300,6 +307,7 @@ class EvalReport:
             errors=sum(t.finish_reason == "error" for t in ts),
             kv_tokens_per_layer=_by_layer([t.kv_tokens_by_layer for t in ts], sum),
             kv_peak_per_layer=_by_layer([t.kv_peak_by_layer for t in ts], max),
+            terms={name: _mean_known([r.value(name) for r in rs]) for name in _extra_names(rs)},
         )
 
 
@@ -515,6 +523,17 @@ def load_split(data_dir: str | Path, split: str) -> list[dict]:
 
 def _task(t: Trajectory) -> str:
     return str(t.example.get("task", "unknown")) if isinstance(t.example, Mapping) else "unknown"
+
+
+def _extra_names(rewards: Sequence[RewardBreakdown]) -> list[str]:
+    """The registered reward terms these completions were scored with (rewards/terms.py), in order."""
+    return list(dict.fromkeys(name for r in rewards for name, _ in r.extra))
+
+
+def _mean_known(values: Sequence[float | None]) -> float | None:
+    """The mean of the values that are not ``None``; ``None`` when none is."""
+    known = [v for v in values if v is not None]
+    return _mean(known) if known else None
 
 
 def _mean(values: Sequence[float]) -> float:

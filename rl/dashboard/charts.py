@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from rewards import SHOWN as REWARD_SHOWN
+from rewards import shown as reward_shown
 from rollouts.protocol import MODE_TABLE, VIOLATION_KINDS
 
 from .attention_map import MASKED, AttentionMap
@@ -112,7 +112,7 @@ def _prefixed(run: Run, prefix: str) -> list[str]:
 
 
 def rewards(run: Run):
-    names = [f"reward/{name}" for name in REWARD_SHOWN]
+    names = [f"reward/{name}" for name in reward_shown()]
     return _lines(run, names, "Reward: total and components (batch means)", "reward")
 
 

@@ -17,8 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from rewards import SHOWN as REWARD_SHOWN
-from rewards import RewardBreakdown
+from rewards import RewardBreakdown, shown
 from rewards.efficiency import DecodeCost, KVReads, Roofline, decode_seconds, kv_bytes
 from rollouts.protocol import MODES, VIOLATION_KINDS
 from rollouts.trajectory import Trajectory
@@ -96,7 +95,7 @@ def trajectory_record(trajectory: Trajectory, reward: RewardBreakdown, step: int
         if t.kv_tokens_per_layer is None
         else np.asarray(t.kv_tokens_per_layer).tolist(),
         "reward": {
-            **{name: getattr(reward, name) for name in (*REWARD_SHOWN, *UNPAID)},
+            **{name: reward.value(name) for name in (*shown(), *UNPAID)},
             "reasons": list(reward.reasons),
         },
     }
@@ -129,8 +128,8 @@ def step_metrics(
     if len(trajectories) != len(rewards):
         raise ValueError(f"{len(trajectories)} trajectories but {len(rewards)} rewards")
     out: dict[str, float | None] = {}
-    for name in (*REWARD_SHOWN, *UNPAID):  # over the completions that know it (coverage, saving: not all)
-        out[f"reward/{name}"] = _mean([v for r in rewards if (v := getattr(r, name)) is not None])
+    for name in (*shown(), *UNPAID):  # over the completions that know it (coverage, saving: not all)
+        out[f"reward/{name}"] = _mean([v for r in rewards if (v := r.value(name)) is not None])
 
     by_task: dict[str, list[RewardBreakdown]] = defaultdict(list)
     by_bin: dict[str, list[int]] = defaultdict(list)  # bin -> indices

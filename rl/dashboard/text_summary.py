@@ -11,6 +11,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from rewards import shown
 from rl.tables import print_table
 from rollouts.protocol import MODE_TABLE
 
@@ -18,12 +19,8 @@ from .report import EVAL_MODES
 from .run_dir import Run
 from .smoothing import smooth
 
+# after the reward's total and terms (rewards.shown: registered terms too)
 HEADLINE = (
-    "reward/total",
-    "reward/accuracy",
-    "reward/efficiency",
-    "reward/compliance",
-    "reward/coverage",
     *(mode.metric for mode in MODE_TABLE),
     "kv/tokens_da_per_completion",
     "kv/tokens_vanilla_per_completion",
@@ -68,7 +65,7 @@ def print_summary(run: Run, console: Console | None = None) -> None:
     table.add_column("smoothed", justify="right")
     table.add_column("at step", justify="right")
     violations = [n for n in run.metric_names() if n.startswith("violations/") and run.latest(n)]
-    for name in (*HEADLINE, *violations):
+    for name in (*(f"reward/{term}" for term in shown()), *HEADLINE, *violations):
         at, values = run.series(name)
         if values:
             table.add_row(name, _fmt(values[0]), _fmt(values[-1]), _fmt(smooth(values)[-1]), str(at[-1]))

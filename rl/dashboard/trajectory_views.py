@@ -10,7 +10,7 @@ import html
 from collections import Counter
 from collections.abc import Sequence
 
-from rewards import SHOWN as REWARD_SHOWN
+from rewards import shown as reward_shown
 
 from . import charts
 from .attention_map import attention_map, check_against_trace
@@ -137,7 +137,7 @@ def samples_table(run: Run) -> str:
             html.escape(t["id"]),
             html.escape(str(t.get("task"))),
             str(t.get("context_tokens")),
-            *(f"{_number(reward, c):.3f}" for c in REWARD_SHOWN),
+            *(f"{_number(reward, c):.3f}" for c in reward_shown()),
             *(f'<span class="mode-{m}">{mix[m]:.0%}</span>' for m in MODES),
             f"{1 - da / vanilla:.1%}" if vanilla else "–",
             html.escape(", ".join(v.get("kind", "?") for v in t.get("violations", [])) or "–"),
@@ -152,7 +152,7 @@ def samples_table(run: Run) -> str:
             "id",
             "task",
             "context",
-            *("reward" if c == "total" else c for c in REWARD_SHOWN),
+            *("reward" if c == "total" else c for c in reward_shown()),
             *MODES,
             "KV saving",
             "violations",

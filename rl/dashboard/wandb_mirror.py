@@ -15,17 +15,24 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from rewards import SHOWN as REWARD_SHOWN
+from rewards import shown
 from rollouts.protocol import MODE_TABLE
 
 from .records import MODES
 from .run_dir import ROW_KEYS, Run, RunReader
 from .trajectory_views import record_mode_mix
 
-SAMPLE_COLUMNS = (
-    "id", "step", "task", "context_tokens", *("reward" if c == "total" else c for c in REWARD_SHOWN),
-    *(f"share_{m}" for m in MODES), "kv_saving", "violations", "answer", "text",
-)  # fmt: skip
+
+def sample_columns() -> list[str]:
+    """The samples table's columns: the reward's total and every term (``rewards.shown``, registered
+    ones included), each mode's share, the saving, violations, answer and the mode-colored text."""
+    rewards = ["reward" if name == "total" else name for name in shown()]
+    return [
+        "id", "step", "task", "context_tokens", *rewards, *(f"share_{m}" for m in MODES), "kv_saving",
+        "violations", "answer", "text",
+    ]  # fmt: skip
+
+
 EVAL_COLUMNS = (
     "eval",
     "mode",
@@ -62,7 +69,7 @@ def colored_text_html(record: dict) -> str:
 
 
 def sample_rows(run: Run) -> list[list]:
-    """One :data:`SAMPLE_COLUMNS` row per trajectory of the latest step."""
+    """One :func:`sample_columns` row per trajectory of the latest step."""
     if not run.trajectories:
         return []
     last = max(t["step"] for t in run.trajectories)
@@ -70,7 +77,7 @@ def sample_rows(run: Run) -> list[list]:
 
 
 def record_rows(records: list[dict]) -> list[list]:
-    """One :data:`SAMPLE_COLUMNS` row per trajectory record (``records.trajectory_record``); the last
+    """One :func:`sample_columns` row per trajectory record (``records.trajectory_record``); the last
     cell is the mode-colored HTML of the completion."""
     rows = []
     for t in records:
@@ -80,7 +87,7 @@ def record_rows(records: list[dict]) -> list[list]:
             violations = ", ".join(v["kind"] for v in t.get("violations", []))
             rows.append(
                 [t["id"], t["step"], t.get("task"), t.get("context_tokens")]
-                + [reward.get(c) for c in REWARD_SHOWN]
+                + [reward.get(c) for c in shown()]
                 + [mix[m] for m in MODES]
                 + [reward.get("kv_saving"), violations, t.get("answer"), colored_text_html(t)]
             )
@@ -91,7 +98,7 @@ def record_rows(records: list[dict]) -> list[list]:
 
 def samples_table(wandb, rows: list[list]):
     """A ``wandb.Table`` of :func:`record_rows` rows, the text rendered as HTML."""
-    table = wandb.Table(columns=list(SAMPLE_COLUMNS))
+    table = wandb.Table(columns=sample_columns())
     for row in rows:
         table.add_data(*row[:-1], wandb.Html(row[-1]))
     return table

@@ -2,8 +2,8 @@
 iterates, so that a mode's name, metric keys and colours are written in one place.
 
 The parser's rules for each mode (which tag opens it, where a closing tag returns to) stay in
-``parser.py``; visibility (what a mode reads) in ``rollouts/masks/visibility.py`` (contract 1). This table
-only describes them for the views.
+``parser.py``; visibility (what a mode reads) in ``rollouts/masks/visibility.py`` (docs/ARCHITECTURE.md,
+contract 1: one visibility function). This table only describes them for the views.
 """
 
 from __future__ import annotations

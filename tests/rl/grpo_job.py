@@ -66,6 +66,11 @@ def count_scoring() -> list[int]:
     return calls
 
 
+def short_answer(parsed, example, reads) -> float:
+    """A reward term registered by this job alone (weight 0: logged, the total unchanged)."""
+    return float(parsed.answer is not None and len(parsed.answer.split()) <= 2)
+
+
 def main(mode: str, port: str, out: Path) -> None:
     import torch
     from datasets import Dataset
@@ -100,6 +105,9 @@ def main(mode: str, port: str, out: Path) -> None:
     variants = [True, False] if mode == "plain" else [True]
     deepspeed = None if mode == "plain" else str(ROOT / f"configs/deepspeed/{mode}.json")
     scored = count_scoring()
+    from rewards import RewardTerm, register_term
+
+    register_term(RewardTerm("short_answer", short_answer, weight=0.0))  # no product file knows it
     for da_mask in variants:
         scored[0] = 0
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -139,7 +147,8 @@ def main(mode: str, port: str, out: Path) -> None:
             # per first-batch completion (even slots gold): mean per-token log-prob, trained minus untrained
             "logp_shift": shift,
             "generated": rollout.generated,  # completions the steps trained on
-            "scored": scored[0],  # rewards computed: once per completion (dashboards and loss share them)
+            "scored": scored[0],
+            "registered_term": [h.get("rewards/short_answer_reward/mean") for h in history],  # rewards computed: once per completion (dashboards and loss share them)
         }), flush=True)  # fmt: skip
     pool.shutdown()
 

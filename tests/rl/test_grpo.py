@@ -69,6 +69,9 @@ def test_each_completion_is_scored_once_per_step(jobs):
         for result in jobs(mode):
             assert result["generated"] == 2 * 4  # two steps of one generation of 4 completions each
             assert result["scored"] == result["generated"], (mode, result["da_mask"])
+            # a reward term the job registered is in the trainer's logged metrics, a share per step
+            assert len(result["registered_term"]) == 2
+            assert all(0.0 <= v <= 1.0 for v in result["registered_term"]), result["registered_term"]
 
 
 def test_grpo_steps_update_the_policy(plain):

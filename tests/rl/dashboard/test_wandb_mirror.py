@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from rl.dashboard import RunWriter
-from rl.dashboard.wandb_mirror import SAMPLE_COLUMNS, WandbMirror
+from rl.dashboard.wandb_mirror import WandbMirror, sample_columns
 
 from .conftest import metrics_lines
 
@@ -46,7 +46,7 @@ def test_samples_table_is_written_with_record_values(mirror, sample_run, tmp_pat
     tables = list(tmp_path.glob("wandb/offline-run-*/files/media/table/samples_*.table.json"))
     assert len(tables) == 1
     table = json.loads(tables[0].read_text())
-    assert table["columns"] == list(SAMPLE_COLUMNS)
+    assert table["columns"] == sample_columns()
     records = [
         json.loads(x) for x in (sample_run / "trajectories" / "samples.jsonl").read_text().splitlines()
     ]
