@@ -90,6 +90,41 @@ def by_length(state: dict, suffix: str = "") -> list[str]:
     return lines
 
 
+def by_task(state: dict, run_dir: Path) -> list[str]:
+    """Per task (read off the example ids): greedy ``da`` accuracy after SFT and after GRPO with the paired
+    difference and its standard error, and after GRPO the ``da-nm`` / ``vanilla`` accuracy of the same
+    examples (from ``RUN_DIR/eval/grpo.json``, whose rows are per task and length bin)."""
+    examples = state.get("eval_examples", {})
+    sft, grpo = examples.get("sft") or {}, examples.get("grpo") or {}
+    tasks = sorted({key.rsplit("-", 3)[0] for key in grpo})
+    unmasked: dict[tuple[str, str], list[float]] = {}
+    report = run_dir / "eval" / "grpo.json"
+    if report.is_file():
+        for row in json.loads(report.read_text())["results"]:
+            if row["mode"] != "da":
+                cell = unmasked.setdefault((row["task"], row["mode"]), [0.0, 0])
+                cell[0] += row["accuracy"] * row["n"]
+                cell[1] += row["n"]
+    lines = []
+    for task in tasks:
+        keys = sorted(k for k in grpo if k.rsplit("-", 3)[0] == task)
+        after = [grpo[k][0] for k in keys]
+        line = f"{task}: after GRPO {sum(after) / len(after):.3f} (n={len(after)})"
+        paired = [k for k in keys if k in sft]
+        if paired:
+            before = [sft[k][0] for k in paired]
+            diff = [grpo[k][0] - sft[k][0] for k in paired]
+            mean = sum(diff) / len(diff)
+            se = (sum((d - mean) ** 2 for d in diff) / max(len(diff) - 1, 1) / len(diff)) ** 0.5
+            line += f", after SFT {sum(before) / len(before):.3f}, GRPO - SFT {mean:+.3f} ± {se:.3f}"
+        for mode in ("da-nm", "vanilla"):
+            total, n = unmasked.get((task, mode), (0.0, 0))
+            if n:
+                line += f"; {mode} {total / n:.3f}"
+        lines.append(line)
+    return lines
+
+
 def gold_reads(run_dir: Path) -> tuple[float, float, int]:
     """Mean KV tokens read per test example by the gold traces as written and by their cheapest form."""
     from datasets import load_from_disk
@@ -158,6 +193,8 @@ def main(run_dir: Path, config: str | None = None) -> None:
                 print(line)
             for line in by_length(state, suffix):
                 print(line)
+    for line in by_task(state, run_dir):
+        print("by task, greedy da: " + line)
     written, cheapest, n = gold_reads(run_dir)
     print(
         f"gold traces, KV read per example (n={n}): as written {written:,.0f}, cheapest form {cheapest:,.0f}"

@@ -201,6 +201,19 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pretrain(args: argparse.Namespace) -> int:
+    from rl.config import ConfigError
+    from rl.pretrain import load_pretrain_config, pretrain
+
+    try:
+        config = load_pretrain_config(args.config, args.overrides)
+        pretrain(config, resume=args.resume)
+    except (ConfigError, FileExistsError, FileNotFoundError) as err:
+        print(f"heed: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _load_config_or_resume(args: argparse.Namespace, overrides: list[str]):
     """The run config of `heed train` / `heed launch`: --config (or the default) or RUN_DIR/config.yaml."""
     from rl.config import load_run_config
@@ -435,6 +448,16 @@ def build_parser() -> argparse.ArgumentParser:
             "overrides", nargs="*", help="config overrides as dotted.key=value (e.g. grpo.max_steps=5)"
         )
         sub.set_defaults(func=_train, phase_overrides=phase_overrides)
+
+    pretrain = commands.add_parser("pretrain", help="train Heed's base model from scratch (configs/base/)")
+    pretrain.add_argument(
+        "--config", default="configs/base/tiny-base.yaml", help="pretrain config YAML (default: %(default)s)"
+    )
+    pretrain.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
+    pretrain.add_argument(
+        "overrides", nargs="*", help="config overrides as dotted.key=value (e.g. max_steps=10)"
+    )
+    pretrain.set_defaults(func=_pretrain)
 
     launch = commands.add_parser(
         "launch",

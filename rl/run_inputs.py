@@ -16,6 +16,7 @@ import torch
 
 from rl.added_tokens import add_protocol_tokens, grow_embeddings, protocol_spellings
 from rl.config import RunConfig
+from rl.config.validation import local_or_hub
 from rl.console import console
 from rl.export import complete_steps
 from rollouts.selective.constants import SELECTIVE
@@ -46,7 +47,7 @@ def run_tokenizer(config: RunConfig, run_dir: Path):
 
 def source_tokenizer_path(config: RunConfig) -> str | None:
     """Where the run's tokenizer comes from: ``tokenizer.path``, else the model's; None: the local BPE."""
-    return config.tokenizer.path or config.model.path
+    return local_or_hub(config.tokenizer.path or config.model.path)
 
 
 def local_tokenizer(config: RunConfig):
@@ -98,7 +99,7 @@ def run_model(config: RunConfig, run_dir: Path, tokenizer, budgets: Sequence[int
     init = run_dir / "init"
     if cfg.path:  # a Selective Attention checkpoint (an SA export) loads only under its own attention
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.path, dtype=dtype, trust_remote_code=cfg.trust_remote_code,
+            local_or_hub(cfg.path), dtype=dtype, trust_remote_code=cfg.trust_remote_code,
             attn_implementation=SELECTIVE if config.selective.enabled else cfg.attn_implementation,
         )  # fmt: skip
         if (

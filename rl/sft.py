@@ -12,7 +12,9 @@ The loop is Hugging Face's ``Trainer`` (so accelerate/DeepSpeed configs apply un
 collator that builds the masked batch; the model computes the shifted cross-entropy from ``labels``.
 A Selective Attention model (``selective_attention: true``) adds the memory loss ``L_mem`` with weight
 ``memory_eps`` (:class:`MemoryLossTrainer`; logged as ``memory_loss``), which rewards masking context.
-``copy_rows`` adds, from step ``copy_from_step`` on, the loss of that many copy rows per step
+``unmasked_share`` trains that share of the rows with full causal attention instead (the same gold trace,
+every chunk in view: the ``da-nm`` eval's attention), so the policy still answers when served without its
+mask, in plain transformers or stock vLLM. ``copy_rows`` adds, from step ``copy_from_step`` on, the loss of that many copy rows per step
 (:func:`rl.copy_rows.with_copy_rows`; logged as ``copy_loss``): a model trained from scratch learns to
 pick the evidence chunk from gold traces, but copying the value needs denser targets than they hold.
 """
@@ -21,8 +23,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 from transformers import Trainer
 
@@ -34,6 +37,7 @@ from rl.selective.losses import forward_with_memory_loss
 from rollouts.masks import trace_completion
 from rollouts.protocol import (
     DEFAULT_LAYOUT,
+    GLOBAL_STATE,
     PROTOCOL_VERSION,
     LayoutSettings,
     PromptLayout,
@@ -86,7 +90,10 @@ class DACollator:
                 index_span=tuple(row.get("index_span", ())),
             )
             completions.append(list(row["completion_ids"]))
-            traces.append(trace_completion(layout, completions[-1], self._table))
+            trace = trace_completion(layout, completions[-1], self._table)
+            if row.get("unmasked"):  # every row reads as before any tag: the whole context (da-nm)
+                trace = replace(trace, states=(GLOBAL_STATE,), row_state=np.zeros_like(trace.row_state))
+            traces.append(trace)
         packed = pack(traces, completions, self.tokenizer.pad_token_id, self.attn_implementation)
         labels = torch.full_like(packed.input_ids, IGNORE_INDEX)
         completion_labels = labels[:, packed.prompt_width :]
@@ -138,6 +145,7 @@ class SFTConfig:
     copy_from_step: int = 0  # the first step that adds them
     copy_segment: int = 24  # tokens per segment of a copy row
     copy_until_loss: float | None = None  # copy rows stop once their logged loss is below it (None: never)
+    unmasked_share: float = 0.0  # share of rows trained with full causal attention (module docstring)
     group_by_length: bool = False  # batches of rows of similar length (less padding; rows still shuffled)
     bf16: bool = False  # bf16 autocast for the matmuls; weights, optimizer and loss stay in the model's dtype
 
@@ -189,7 +197,13 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
     """Run the warm start; returns the HF ``Trainer`` (its ``state.log_history`` holds the losses)."""
     from datasets import Dataset
 
-    encoded = Dataset.from_list([encode_sft_row(r, tokenizer, config.layout) for r in train_rows])
+    draw = random.Random(config.seed)
+    encoded = Dataset.from_list(
+        [
+            {**encode_sft_row(r, tokenizer, config.layout), "unmasked": draw.random() < config.unmasked_share}
+            for r in train_rows
+        ]
+    )
     args = training_arguments(config)
     if config.group_by_length:  # one length per optimizer step, so every rank's micro-batches share it
         step_rows = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps

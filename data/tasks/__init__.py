@@ -13,6 +13,7 @@ from .aggregation import CommonWords, FrequentWords
 from .base import Draft, Task, finalize
 from .multi_span import MultiSpan
 from .niah import NeedleInHaystack
+from .two_hop import TwoHopNeedle
 from .variable_assignment import VariableAssignment
 from .variable_tracking import VariableTracking
 
@@ -22,6 +23,7 @@ TASKS: dict[str, tuple[type[Task], dict]] = {
     "niah_multikey": (NeedleInHaystack, {"num_distractors": 3}),
     "niah_multivalue": (NeedleInHaystack, {"num_values": 4}),
     "niah_multiquery": (NeedleInHaystack, {"num_queries": 4}),
+    "niah_twohop": (TwoHopNeedle, {}),
     "variable_tracking": (VariableTracking, {}),
     "multi_span": (MultiSpan, {}),
     "aggregation_cwe": (CommonWords, {}),

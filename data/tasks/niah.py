@@ -12,6 +12,10 @@ variants differ in what is asked (RULER, Hsieh et al. 2024):
 Graded with ``string_match_all``: every value must appear in the answer. The evidence chunks are the
 chunks holding needles of the asked keys; a distractor's chunk is evidence only if it also holds a
 real needle. The gold trace focuses on the evidence chunks and copies the needles.
+
+``phrasing`` names a family of wordings (data/phrasings.py): ``ruler`` writes RULER's one needle sentence
+and question; ``train`` draws each needle's and the question's template from several; ``heldout`` from
+templates no training row uses.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from .. import phrasings
 from ..filler import TokenCounter
 from ..packing import Needle, num_docs_for, pack_documents
 from ..traces import TracePlan
@@ -37,12 +42,16 @@ class NeedleInHaystack(Task):
     num_values: int = 1  # values per asked key, all wanted (RULER multi-value: 4)
     num_distractors: int = 0  # needles of keys nobody asks about (RULER multi-key: 3)
     value_digits: int = 7  # digits of each magic number (RULER: 7; fewer make copying easier for tiny models)
+    phrasing: str = "ruler"  # family of needle and question wordings (data/phrasings.py)
 
     def __post_init__(self):
         self.check("num_queries", self.num_queries, self.num_queries >= 1, "must be at least 1")
         self.check("num_values", self.num_values, self.num_values >= 1, "must be at least 1")
         self.check("num_distractors", self.num_distractors, self.num_distractors >= 0, "must be >= 0")
         self.check("value_digits", self.value_digits, 2 <= self.value_digits <= 12, "must be in 2..12")
+        self.check(
+            "phrasing", self.phrasing, self.phrasing in phrasings.FAMILIES, f"one of {phrasings.FAMILIES}"
+        )
 
     def draft(
         self, rng: random.Random, count: TokenCounter, target_tokens: int, chunk_tokens: int, ood: bool
@@ -52,8 +61,11 @@ class NeedleInHaystack(Task):
         n_real = self.num_queries * self.num_values
         low = 10 ** (self.value_digits - 1)
         values = distinct_numbers(rng, n_real + len(others), low, 10 * low - 1)
-        real = [needle_text(k, v) for k, v in zip([k for k in asked for _ in range(self.num_values)], values)]
-        fake = [needle_text(k, v) for k, v in zip(others, values[n_real:])]
+        real = [
+            self._needle(rng, k, v)
+            for k, v in zip([k for k in asked for _ in range(self.num_values)], values)
+        ]
+        fake = [self._needle(rng, k, v) for k, v in zip(others, values[n_real:])]
 
         num_docs = num_docs_for(target_tokens, chunk_tokens, min_docs=2)
         docs_of = spread(rng, len(real) + len(fake), num_docs)
@@ -62,19 +74,27 @@ class NeedleInHaystack(Task):
         documents = pack_documents(rng, count, needles, num_docs, target_tokens, chunk_tokens, self.name)
 
         answers = [str(v) for v in values[:n_real]]
+        question = self._question(rng, asked)
         return Draft(
-            question=self._question(asked),
+            question=question,
             documents=documents,
             answers=answers,
             metric="string_match_all",
             evidence_chunks=sorted({d + 1 for d in docs_of[:n_real]}),
             plan=self._plan(documents, real, answers, fake),
-            leak_keys=frozenset([self._question(asked), *real, *fake]),
+            leak_keys=frozenset([question, *real, *fake]),
             needles=real,
             meta={"keys": asked, "distractor_keys": others, "distractor_needles": fake},
         )
 
-    def _question(self, asked: list[str]) -> str:
+    def _needle(self, rng: random.Random, key: str, value: int) -> str:
+        if self.phrasing == "ruler":  # draws nothing: datasets built before families stay the same bytes
+            return needle_text(key, value)
+        return phrasings.needle(rng, self.phrasing, key, value)
+
+    def _question(self, rng: random.Random, asked: list[str]) -> str:
+        if len(asked) == 1 and self.num_values == 1 and self.phrasing != "ruler":
+            return phrasings.question(rng, self.phrasing, asked[0])
         if len(asked) > 1:
             listed = ", ".join(asked[:-1]) + f" and {asked[-1]}"
             return f"What are all the special magic numbers for {listed} mentioned in the provided text?"

@@ -149,12 +149,12 @@ class RunConfig(Section):
                 f"data.build.splits holds no {split!r} examples to search the budgets on: add some, or "
                 "name another split",
             )
-        if budgets is not None and self.model.path is None:
-            layers = self.model.tiny.num_hidden_layers
+        layers = self.model.num_layers()
+        if budgets is not None and layers is not None:
             check(
                 len(budgets) == layers,
                 "selective.budgets",
-                f"has {len(budgets)} budgets but model.tiny has {layers} layers: give one per layer",
+                f"has {len(budgets)} budgets but the model has {layers} layers: give one per layer",
             )
         check(
             self.model.attn_implementation == "sdpa",

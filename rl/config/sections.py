@@ -10,6 +10,7 @@ top-level ``RunConfig``, loading, overrides and saving in ``rl/config/__init__.p
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -17,7 +18,13 @@ from typing import ClassVar
 from data.config import OOD_SPLIT, SPLITS, parse_config
 from data.schema import DataError
 from data.tasks import TASKS
-from rl.config.validation import REPO_ROOT, ConfigError, Section, check  # noqa: F401  (REPO_ROOT: rl/launch.py)
+from rl.config.validation import (  # noqa: F401  (REPO_ROOT: rl/launch.py)
+    REPO_ROOT,
+    ConfigError,
+    Section,
+    check,
+    resolve_path,
+)
 from rl.model import TinyModelConfig
 from rollouts.protocol import DEFAULT_LAYOUT, PROTOCOL_VERSION, LayoutError
 from rollouts.protocol.layout import LayoutSettings
@@ -76,7 +83,9 @@ class RunSection(Section):
 class ModelSection(Section):
     SECTION: ClassVar[str] = "model"
 
-    path: str | None = None  # HF model dir or hub id; None builds the tiny model below
+    # HF model dir or hub id; None builds the tiny model below. A relative dir is looked up in the working
+    # directory, then the repo, then the installed share dir (models/heed-tiny-base, Heed's base)
+    path: str | None = None
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)  # tiny model shape (rl/model.py)
     dtype: str = "float32"  # training dtype: float32, bfloat16 or float16
     attn_implementation: str = "sdpa"  # sdpa (dense bool DA mask, CPU) or flex_attention (BlockMask, GPU)
@@ -95,12 +104,21 @@ class ModelSection(Section):
         )
         self.one_of("attn_implementation", ATTN_IMPLEMENTATIONS)
 
+    def num_layers(self) -> int | None:
+        """The model's decoder layers: the tiny shape's, a local folder's ``config.json``'s, None for a hub id."""
+        if self.path is None:
+            return self.tiny.num_hidden_layers
+        found = resolve_path(str(Path(self.path) / "config.json"))
+        return json.loads(found.read_text()).get("num_hidden_layers") if found else None
+
 
 @dataclass
 class TokenizerSection(Section):
     SECTION: ClassVar[str] = "tokenizer"
 
-    path: str | None = None  # HF tokenizer dir or hub id; None: the local BPE (data/tokenizer.py)
+    path: str | None = (
+        None  # HF tokenizer dir (looked up as model.path) or hub id; None: the model's, else the local BPE
+    )
     # the local BPE only: one digit per token, as Qwen's (a number is then the same tokens wherever it is)
     split_digits: bool = False
     # Every DA tag one token (rollouts.protocol.PROTOCOL_TAG_TOKENS), as Qwen3's <think>: built into the

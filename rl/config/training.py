@@ -72,6 +72,9 @@ class SFTSection(Section):
     # Stop before GRPO when that loss is above this many nats: a policy that invents its values gives
     # accuracy-gated rewards nothing to pay (null: report only).
     copy_check_max_nll: float | None = None
+    # Share of the SFT rows trained with full causal attention (the same gold trace, every chunk in view, as
+    # the da-nm eval runs it), so the policy still answers when served without its mask (rl/sft.py).
+    unmasked_share: float = 0.0
 
     def validate(self):
         for name in ("max_steps", "per_device_batch_size", "logging_steps"):
@@ -87,6 +90,9 @@ class SFTSection(Section):
         self.at_least("copy_mix_until_loss", 0, strict=True)
         self.at_least("copy_check_examples", 0)
         self.at_least("copy_check_max_nll", 0, strict=True)
+        check(
+            0 <= self.unmasked_share <= 1, self.key("unmasked_share"), "must be in [0, 1] (a share of rows)"
+        )
 
         self.at_least("copy_warmup_target", 0, strict=True)
         check(self.copy_warmup_target <= 1, self.key("copy_warmup_target"), "must be <= 1 (an accuracy)")
@@ -103,6 +109,7 @@ class SFTSection(Section):
             copy_rows=self.copy_mix_rows, copy_from_step=self.copy_mix_from_step,
             copy_until_loss=self.copy_mix_until_loss,
             copy_segment=self.copy_warmup_segment, group_by_length=self.group_by_length, bf16=self.bf16,
+            unmasked_share=self.unmasked_share,
         )  # fmt: skip
 
 

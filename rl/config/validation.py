@@ -53,6 +53,15 @@ def resolve_path(path: str) -> Path | None:
     return None
 
 
+def local_or_hub(path: str | None) -> str | None:
+    """A relative folder found by :func:`resolve_path`, as an absolute path; anything else (a hub id, an
+    absolute path, None) as given."""
+    if not path or Path(path).expanduser().is_absolute():
+        return path
+    found = resolve_path(path)
+    return str(found) if found is not None and found.is_dir() else path
+
+
 def search_roots() -> list[Path]:
     """Where relative config paths are looked up, in order: CWD, the repo root, the installed share dir."""
     return list(dict.fromkeys(p.resolve() for p in (Path.cwd(), REPO_ROOT, SHARE_ROOT)))

@@ -252,3 +252,41 @@ def test_sft_with_group_by_length_trains_on_single_length_batches(tokenizer, tmp
     for batch in batches:
         prompt_pad = (batch["input_ids"] == tokenizer.pad_token_id).int().argmin(1)
         assert int(prompt_pad.max()) < 32
+
+
+def test_an_unmasked_row_trains_under_plain_causal_attention(tokenizer):
+    """``unmasked`` rows (sft.unmasked_share) see every earlier real token at every position, as the da-nm
+    eval decodes; the masked row beside it hides the chunks its focus excludes. The reference is built by
+    hand: causal over the row's real tokens, padding excluded."""
+    masked, unmasked = (encode_sft_row(r, tokenizer) for r in acme_rows(2))
+    unmasked["unmasked"] = True
+    batch = DACollator(tokenizer)([masked, unmasked])
+    mask = batch["attention_mask"][:, 0]  # [B, T, T] True = may read
+    width = max(len(masked["prompt_ids"]), len(unmasked["prompt_ids"]))
+    start = width - len(unmasked["prompt_ids"])
+    real = width + len(unmasked["completion_ids"])
+    for q in range(width, real):  # completion rows of the unmasked row: exactly the real tokens so far
+        expected = torch.zeros(mask.shape[-1], dtype=torch.bool)
+        expected[start : q + 1] = True
+        assert torch.equal(mask[1, q], expected), q
+    hidden = [
+        q
+        for q in range(width, width + len(masked["completion_ids"]))
+        if not mask[0, q, width - len(masked["prompt_ids"]) : q + 1].all()
+    ]
+    assert hidden, "the masked row's focus hides some chunk"
+
+
+def test_sft_draws_its_unmasked_share_of_rows(tokenizer, tmp_path, monkeypatch):
+    model = build_tiny_model(tokenizer, small_model_config())
+    seen = []
+
+    class Recording(DACollator):
+        def __call__(self, rows):
+            seen.extend(bool(r["unmasked"]) for r in rows)
+            return super().__call__(rows)
+
+    monkeypatch.setattr("rl.sft.DACollator", Recording)
+    config = SFTConfig(max_steps=2, per_device_batch_size=8, unmasked_share=0.5, output_dir=str(tmp_path))
+    train_sft(model, tokenizer, acme_rows(8), config)
+    assert 0 < sum(seen) < len(seen)

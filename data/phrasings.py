@@ -1,0 +1,96 @@
+"""Families of wording for the magic-number facts and questions, so a model learns the fact, not a sentence.
+
+RULER writes every needle one way (``One of the special magic numbers for silver-owl is: 4715293.``) and asks
+one question. A model trained on that one sentence answers it and loops on any other. A *family* is a set of
+needle and question templates; a task draws one template of its family per example (or per needle). The
+``train`` family is what the pretraining corpus and the training splits use; ``heldout`` is used for no
+training row (the test split's out-of-family examples, data config ``ood_examples``), so an eval can tell
+reading from recall of a template. ``ruler`` is RULER's single wording, the default, which keeps datasets
+built before families existed byte-identical.
+
+Every template writes the value after a space (`` 63``), as RULER's does, so the value is the same token in
+the document, the trace and the answer; and every needle names its key, so ``data.tasks.base`` can find the
+chunk holding it by the needle's text.
+"""
+
+from __future__ import annotations
+
+import random
+
+FAMILIES = ("ruler", "train", "heldout")
+
+# {key}, {value}: one needle (a fact). Two-hop links add {other}: the key whose number is the answer.
+NEEDLES: dict[str, tuple[str, ...]] = {
+    "ruler": ("One of the special magic numbers for {key} is: {value}.",),
+    "train": (
+        "One of the special magic numbers for {key} is: {value}.",
+        "The special magic number for {key} is {value}.",
+        "Remember that the magic number of {key} is {value}.",
+        "The magic number kept for {key} is {value}.",
+        "Write this down: {key} has the magic number {value}.",
+        "In the old book the number of {key} is {value}.",
+    ),
+    "heldout": (
+        "A clerk noted that {key} goes with the number {value}.",
+        "Beside the name {key} someone wrote {value}.",
+        "Ask anyone and they will tell you {key} means {value}.",
+    ),
+}
+LINKS: dict[str, tuple[str, ...]] = {
+    "ruler": ("The magic number of {key} is that of {other}.",),
+    "train": (
+        "The magic number of {key} is that of {other}.",
+        "For {key} use the magic number of {other}.",
+        "The key {key} shares its number with {other}.",
+        "The number of {key} equals that of {other}.",
+    ),
+    "heldout": (
+        "For {key}, look up {other}.",
+        "Beside the name {key} someone wrote: see {other}.",
+        "A clerk noted that {key} copies {other}.",
+    ),
+}
+# {key}: the question about one key's number.
+QUESTIONS: dict[str, tuple[str, ...]] = {
+    "ruler": ("What is the special magic number for {key} mentioned in the provided text?",),
+    "train": (
+        "What is the special magic number for {key} mentioned in the provided text?",
+        "What is the magic number of {key}?",
+        "Which number is the special magic number for {key}?",
+        "Find the magic number for {key} in the text.",
+        "Tell me the magic number kept for {key}.",
+    ),
+    "heldout": (
+        "Which number goes with {key}?",
+        "What did they write beside {key}?",
+        "What does {key} mean, as a number?",
+    ),
+}
+
+
+def check_family(family: str) -> None:
+    if family not in FAMILIES:
+        raise ValueError(f"phrasing family {family!r} is unknown; choose one of {FAMILIES}")
+
+
+def needle(rng: random.Random, family: str, key: str, value) -> str:
+    """One fact of ``family``: ``key``'s number is ``value``.
+
+    >>> needle(random.Random(0), "ruler", "silver-owl", 63)
+    'One of the special magic numbers for silver-owl is: 63.'
+    """
+    return _capital(rng.choice(NEEDLES[family]).format(key=key, value=value))
+
+
+def link(rng: random.Random, family: str, key: str, other: str) -> str:
+    """One link of ``family``: ``key``'s number is ``other``'s (the first hop of a two-hop question)."""
+    return _capital(rng.choice(LINKS[family]).format(key=key, other=other))
+
+
+def question(rng: random.Random, family: str, key: str) -> str:
+    """A question of ``family`` about ``key``'s number."""
+    return _capital(rng.choice(QUESTIONS[family]).format(key=key))
+
+
+def _capital(text: str) -> str:
+    return text[0].upper() + text[1:]

@@ -1,0 +1,265 @@
+"""`heed pretrain`: Heed's own base model, a small Qwen3 trained from scratch on the corpus Heed generates.
+
+Users post-train a pretrained model; the embedded default does the same with this one. The recipe is
+nanochat's shape at toy scale: one YAML (``configs/base/tiny-base.yaml``), a tokenizer, a model built from
+a config, AdamW with warm-up and cosine decay over batches that ``data.corpus`` packs (a pure function of
+seed and step, so a resumed run sees what an uninterrupted one would), a checkpoint every ``save_every``
+steps, and at the end the base written as a HF folder (bf16 safetensors, tokenizer, a model card with what
+it can do). The run directory keeps the loss curve (``loss_curve.jsonl``: train loss every ``log_every``
+steps, held-out loss every ``eval_every``) and the checkpoint to resume from.
+
+What is left out: data parallelism (one process, ``threads`` cores), mixed precision (CPU float32; the
+weights are rounded to bf16 once, at the end, and the card's figures are measured on the rounded weights).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from data.corpus import Corpus, CorpusConfig
+from rl.config.validation import ConfigError, check, from_mapping
+from rl.console import console
+from rl.model import TinyModelConfig
+
+CHECKPOINT = "checkpoint.pt"
+CURVE = "loss_curve.jsonl"
+CARD = "README.md"
+CARD_RESULTS = (
+    "heed_base.json"  # the card's figures, machine-readable (tests and `heed pretrain` compare them)
+)
+
+
+@dataclass(kw_only=True)
+class PretrainConfig:
+    """One `heed pretrain` run; every key a comment."""
+
+    name: str = "heed-tiny-base"  # the model's name on its card
+    run_dir: str = "runs/pretrain"  # checkpoint, loss curve
+    out: str = "models/heed-tiny-base"  # the base model folder written at the end
+    seed: int = 0  # initialisation and the corpus's batches
+    threads: int = 0  # torch threads; 0: every core
+    vocab_size: int = 2048  # the local byte-level BPE (data/tokenizer.py), no DA tags
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    seq_len: int = 1024  # tokens a row; the corpus's longest document (24 chunks) is ~800
+    batch_size: int = 8  # rows a step
+    max_steps: int = 2000
+    learning_rate: float = 3.0e-3  # peak
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1  # the cosine decays to this share of the peak
+    weight_decay: float = 0.1  # matrices only (not embeddings or norms)
+    max_grad_norm: float = 1.0
+    log_every: int = 10  # a progress line and a loss-curve row
+    eval_every: int = 250  # held-out loss
+    eval_batches: int = 8  # held-out batches (seed + 1's stream, never trained on)
+    save_every: int = 100  # checkpoint (resume)
+    card_examples: int = 48  # questions per task and phrasing family the card's answering check asks
+
+    def __post_init__(self):
+        for name in (
+            "seq_len",
+            "batch_size",
+            "max_steps",
+            "log_every",
+            "eval_every",
+            "eval_batches",
+            "save_every",
+        ):
+            check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        check(self.learning_rate > 0, "learning_rate", "must be > 0")
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+
+
+def load_pretrain_config(path: str | Path, overrides=()) -> PretrainConfig:
+    from data.config import read_yaml
+    from rl.config import apply_overrides
+
+    raw = apply_overrides(read_yaml(Path(path), ConfigError, "pretrain config") or {}, overrides)
+    try:
+        return from_mapping(PretrainConfig, raw, "")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def learning_rate(config: PretrainConfig, step: int) -> float:
+    """Linear warm-up to the peak, then a cosine to ``min_lr_ratio`` of it at ``max_steps``.
+
+    >>> c = PretrainConfig(max_steps=100, warmup_steps=10, learning_rate=1.0, min_lr_ratio=0.1)
+    >>> learning_rate(c, 0), learning_rate(c, 9), round(learning_rate(c, 100), 6)
+    (0.1, 1.0, 0.1)
+    """
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    done = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    floor = config.min_lr_ratio
+    return config.learning_rate * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
+
+
+class Pretraining:
+    """The recipe: ``setup`` (tokenizer, model, optimizer, a checkpoint to resume), ``train`` (``step`` after
+    ``step``, logging, held-out loss, checkpoints), ``save`` (the base folder and its card)."""
+
+    def __init__(self, config: PretrainConfig):
+        self.config = config
+        self.run_dir = Path(config.run_dir)
+        self.step = 0
+        self.tokens = 0
+        self.seconds = 0.0
+
+    def setup(self, resume: bool) -> None:
+        from data.tokenizer import build_tokenizer
+        from rl.model import build_tiny_model
+
+        cfg = self.config
+        torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+        checkpoint = self.run_dir / CHECKPOINT
+        if checkpoint.exists() and not resume:
+            raise FileExistsError(
+                f"{self.run_dir} holds a pretraining run: continue it with --resume, or set run_dir to another folder"
+            )
+        if resume and not checkpoint.exists():
+            raise FileNotFoundError(f"{self.run_dir} holds no checkpoint to resume ({CHECKPOINT})")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.tokenizer = build_tokenizer(vocab_size=cfg.vocab_size)
+        self.model = build_tiny_model(self.tokenizer, cfg.model)
+        self.corpus = Corpus(self.tokenizer, cfg.corpus)
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+        rest = [p for n, p in self.model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+            lr=cfg.learning_rate, betas=(0.9, 0.95), eps=1e-8,
+        )  # fmt: skip
+        if resume:
+            state = torch.load(checkpoint, weights_only=True)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step, self.tokens, self.seconds = state["step"], state["tokens"], state["seconds"]
+            console.print(f"[bold]pretrain[/] resumed at step {self.step} from {checkpoint}")
+        self.validation = [
+            self.corpus.batch(cfg.seed + 1, i, cfg.batch_size, cfg.seq_len) for i in range(cfg.eval_batches)
+        ]
+
+    def train(self) -> None:
+        cfg = self.config
+        params = sum(p.numel() for p in self.model.parameters())
+        console.print(
+            f"[bold]pretrain[/] {cfg.name}: {params / 1e6:.2f}M parameters, {cfg.max_steps} steps of "
+            f"{cfg.batch_size} x {cfg.seq_len} tokens, {torch.get_num_threads()} threads -> {cfg.out}"
+        )
+        window: list[float] = []
+        started = time.perf_counter() - self.seconds
+        while self.step < cfg.max_steps:
+            window.append(self.train_step())
+            self.seconds = time.perf_counter() - started
+            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                loss = sum(window) / len(window)
+                window.clear()
+                row = {"step": self.step, "loss": round(loss, 5), "lr": learning_rate(self.config, self.step - 1),
+                       "tokens": self.tokens, "seconds": round(self.seconds, 1)}  # fmt: skip
+                if self.step % cfg.eval_every == 0 or self.step == cfg.max_steps:
+                    row["heldout_loss"] = round(self.heldout_loss(), 5)
+                self._append_curve(row)
+                self._progress(row)
+            if self.step % cfg.save_every == 0 or self.step == cfg.max_steps:
+                self.save_checkpoint()
+
+    def train_step(self) -> float:
+        """One optimizer step on the batch of ``self.step``; the mean next-token loss."""
+        cfg = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(cfg, self.step)
+        batch = self.corpus.batch(cfg.seed, self.step, cfg.batch_size, cfg.seq_len)  # [B, T]
+        self.model.train()
+        loss = self.model(input_ids=batch, labels=batch).loss
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.step += 1
+        self.tokens += batch.numel()
+        return loss.item()
+
+    @torch.no_grad()
+    def heldout_loss(self, model=None) -> float:
+        """Mean next-token loss over the held-out batches (``seed + 1``'s stream)."""
+        model = model or self.model
+        model.eval()
+        losses = [model(input_ids=b, labels=b).loss.float().item() for b in self.validation]
+        return sum(losses) / len(losses)
+
+    def save_checkpoint(self) -> None:
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "step": self.step, "tokens": self.tokens, "seconds": self.seconds}  # fmt: skip
+        tmp = self.run_dir / (CHECKPOINT + ".tmp")
+        torch.save(state, tmp)
+        tmp.replace(self.run_dir / CHECKPOINT)  # a run stopped mid-write keeps the previous checkpoint
+
+    def save(self) -> dict:
+        """Write the base folder (bf16 weights, tokenizer, card) and return the card's figures."""
+        from rl.base_card import answering, write_card
+
+        cfg = self.config
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.to(torch.bfloat16).save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        rounded = self.model.to(torch.float32)  # the bf16-rounded weights, measured in float32
+        results = {
+            "name": cfg.name,
+            "parameters": sum(p.numel() for p in rounded.parameters()),
+            "steps": self.step,
+            "tokens_seen": self.tokens,
+            "train_seconds": round(self.seconds),
+            "heldout_loss": round(self.heldout_loss(rounded), 4),
+            "answering": answering(rounded, self.tokenizer, self.corpus, cfg.card_examples, cfg.seed + 2),
+            "sha256": sha256(out / "model.safetensors"),
+            "config": asdict(cfg),
+        }
+        (out / CARD_RESULTS).write_text(json.dumps(results, indent=1) + "\n")
+        write_card(out / CARD, results)
+        return results
+
+    def _append_curve(self, row: dict) -> None:
+        with open(self.run_dir / CURVE, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def _progress(self, row: dict) -> None:
+        cfg = self.config
+        rate = row["tokens"] / max(row["seconds"], 1e-9)
+        left = (cfg.max_steps - self.step) * cfg.batch_size * cfg.seq_len / max(rate, 1e-9)
+        held = f" · held-out {row['heldout_loss']:.3f}" if "heldout_loss" in row else ""
+        console.print(
+            f"step {self.step}/{cfg.max_steps} · loss {row['loss']:.3f}{held} · {rate / 1e3:.1f}k tok/s · "
+            f"{row['seconds'] / 60:.1f} min, ~{left / 60:.0f} min left"
+        )
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pretrain(config: PretrainConfig, resume: bool = False) -> dict:
+    """Run the recipe and write the base; returns the card's figures."""
+    run = Pretraining(config)
+    run.setup(resume)
+    run.train()
+    console.print("[bold]pretrain[/] writing the base and measuring what it answers")
+    results = run.save()
+    console.print(
+        f"[bold]pretrain[/] done: held-out loss {results['heldout_loss']:.4f}, "
+        + ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in results["answering"].items())
+        + f" -> {config.out}"
+    )
+    return results

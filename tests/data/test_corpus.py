@@ -1,0 +1,105 @@
+"""The pretraining corpus (data/corpus.py): no DA tag anywhere, no held-out wording, answers a reader of the
+text alone agrees with, and batches that are a pure function of (seed, step)."""
+
+import random
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from data import phrasings
+from data.corpus import Corpus, CorpusConfig
+from rollouts.protocol import PROTOCOL_TAG_TOKENS
+
+from .solvers import niah_twohop
+
+TAGS = ("<global", "<focus", "<local", "<answer", "<index", "</global", "</focus", "</local", "</answer")
+
+
+@pytest.fixture(scope="module")
+def corpus(tokenizer):
+    return Corpus(tokenizer)
+
+
+def test_batches_are_a_function_of_seed_and_step(corpus):
+    a = corpus.batch(seed=0, step=5, batch_size=2, seq_len=256)
+    assert a.shape == (2, 256)
+    assert (a == corpus.batch(seed=0, step=5, batch_size=2, seq_len=256)).all()
+    assert not (a == corpus.batch(seed=0, step=6, batch_size=2, seq_len=256)).all()
+    assert not (a == corpus.batch(seed=1, step=5, batch_size=2, seq_len=256)).all()
+
+
+def test_no_document_speaks_the_protocol_or_a_held_out_wording(corpus, tokenizer):
+    text = tokenizer.decode(corpus.batch(seed=3, step=0, batch_size=8, seq_len=1024).flatten())
+    assert not any(tag in text for tag in TAGS + tuple(PROTOCOL_TAG_TOKENS))
+    stems = [t.split("{")[0].strip() for t in phrasings.NEEDLES["heldout"] + phrasings.LINKS["heldout"]]
+    assert all(stem not in text for stem in stems if len(stem) > 10)
+
+
+@given(seed=st.integers(0, 10**6))
+def test_an_asked_question_is_answered_by_the_text_alone(corpus, seed):
+    context = corpus.context(random.Random(seed))
+    text = "\n".join(context.documents)
+    asked = context.asked
+    if asked.hop:  # two hops: the link's key leads to the value
+        assert niah_twohop(asked.question, text) == [asked.answer]
+    holder = context.documents[asked.chunk - 1]
+    assert re.search(rf" {asked.answer}\.", holder), "the cited chunk holds the value"
+    for qa in context.more:  # questions about every fact's key: the value stands in the cited chunk
+        other = re.findall(r"[a-z]+-[a-z]+", qa.question)[0]
+        fact = next(s for s in re.split(r"(?<=\.)\s+", context.documents[qa.chunk - 1]) if other in s)
+        assert fact.endswith(f" {qa.answer}.")
+
+
+@pytest.mark.parametrize("layout", ["plain", "chat"])
+def test_the_other_layouts_hold_the_context_and_its_answer(corpus, tokenizer, layout):
+    context = corpus.context(random.Random(5))
+    text = tokenizer.decode(getattr(corpus, f"_{layout}")(random.Random(5), context))
+    assert all(doc in text for doc in context.documents)
+    assert context.asked.question in text
+    marker = "\nAnswer: " if layout == "plain" else "<|im_start|>assistant\n"
+    assert marker in text and text.rstrip().endswith((".", ".<|im_end|>"))
+
+
+def test_the_compact_layout_is_the_defaults_prompt_then_a_plain_answer(corpus, tokenizer):
+    from rollouts.protocol import build_prompt
+
+    rng = random.Random(11)
+    context = corpus.context(random.Random(11))
+    ids = corpus._compact(rng, context)
+    prompt = build_prompt(
+        context.asked.question, context.documents, tokenizer, block_size=32, chunk_tokens=27,
+        style="compact", instructions=False,
+    )  # fmt: skip
+    assert ids[: len(prompt.input_ids)] == list(prompt.input_ids)
+    answer = tokenizer.decode(ids[len(prompt.input_ids) :])
+    assert answer.endswith(f" {context.asked.answer}.<|im_end|>")
+
+
+def test_bad_weights_are_refused_by_name():
+    with pytest.raises(ValueError, match="corpus tasks"):
+        CorpusConfig(tasks={"poem": 1.0})
+    with pytest.raises(ValueError, match="corpus layouts"):
+        CorpusConfig(layouts={"compact": 0.0})
+
+
+@given(seed=st.integers(0, 10**6))
+def test_a_lookup_tables_answers_follow_from_its_facts(corpus, seed):
+    """Read the facts like a person: a sentence with a number gives its key's value, a sentence naming two
+    keys gives the first the second's; every answered question then matches."""
+    text = corpus.lookup(random.Random(seed))
+    facts, _, asked = text.partition("\n\n")
+    values = {}
+    for sentence in re.split(r"(?<=\.)\s+", facts.strip()):
+        keys = re.findall(r"[a-z]+-[a-z]+", sentence)
+        number = re.search(r" (\d+)\.$", sentence)  # a fact ends with its value; a link names two keys
+        if number:
+            (key,) = keys
+            values[key] = number.group(1)
+        else:
+            key, other = keys
+            values[key] = values[other]  # a link names a key stated before it
+    answered = re.findall(r"([a-z]+-[a-z]+)[^\n]*\n?(?:Answer: | is |: )(\d+)\.", asked)
+    assert answered and all(values[k] == v for k, v in answered)
+    assert not any(tag in text for tag in TAGS)

@@ -1,0 +1,82 @@
+"""Phrasing families (data/phrasings.py): each template states its fact so a reader of the text alone finds
+it, families share no template, and RULER's family is RULER's one sentence."""
+
+import random
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from data import phrasings
+from data.tasks import make_task
+
+from .helpers import generate
+from .solvers import niah_twohop
+
+
+def test_families_share_no_template():
+    for table in (phrasings.NEEDLES, phrasings.LINKS, phrasings.QUESTIONS):
+        seen = {}
+        for family, templates in table.items():
+            for template in templates:
+                if family != "ruler":  # ruler's sentence is one of train's on purpose (the same world)
+                    assert seen.setdefault(template, family) == family, f"{template!r} in two families"
+        assert not set(table["heldout"]) & set(table["train"])
+
+
+@given(st.sampled_from(phrasings.FAMILIES), st.integers(0, 10**6), st.integers(10, 99))
+def test_a_needle_names_its_key_and_ends_with_its_value_after_a_space(family, seed, value):
+    text = phrasings.needle(random.Random(seed), family, "silver-owl", value)
+    assert " silver-owl " in f" {text} " and text.endswith(f" {value}.") and text[0].isupper()
+    link = phrasings.link(random.Random(seed), family, "silver-owl", "red-fox")
+    assert "silver-owl" in link and "red-fox" in link and not re.search(r"\d", link)
+    question = phrasings.question(random.Random(seed), family, "silver-owl")
+    assert "silver-owl" in question and question.endswith(("?", "."))
+
+
+def test_an_unknown_family_is_refused_by_the_task():
+    with pytest.raises(Exception, match="phrasing"):
+        make_task("niah_single", {"phrasing": "poetic"})
+
+
+def test_ruler_family_keeps_rulers_sentence_and_draws_nothing_more(tokenizer):
+    default = generate(tokenizer, "niah_single", 300, params={"value_digits": 2})
+    ruler = generate(tokenizer, "niah_single", 300, params={"value_digits": 2, "phrasing": "ruler"})
+    assert default.documents == ruler.documents and default.question == ruler.question
+    assert ruler.needles[0].startswith("One of the special magic numbers for ")
+
+
+@pytest.mark.parametrize("family", ["train", "heldout"])
+def test_a_family_words_the_needles_and_question_of_its_own_templates(tokenizer, family):
+    example = generate(tokenizer, "niah_multikey", 600, params={"value_digits": 2, "phrasing": family})
+    key = re.findall(r"[a-z]+-[a-z]+", example.question)[0]
+    templates = [t.format(key=key, value=example.answers[0]) for t in phrasings.NEEDLES[family]]
+    assert example.needles[0] in templates
+    assert example.question in [t.format(key=key) for t in phrasings.QUESTIONS[family]]
+
+
+@given(seed=st.integers(0, 10**6), target=st.sampled_from([160, 250, 520]))
+def test_two_hop_link_comes_first_and_a_reader_of_the_text_alone_answers(tokenizer, seed, target):
+    from data.filler import TokenCounter
+
+    task = make_task("niah_twohop", {"num_distractors": 2})
+    draft = task.draft(random.Random(seed), TokenCounter(tokenizer), target, 27, ood=False)
+    link_chunk, fact_chunk = draft.evidence_chunks
+    assert link_chunk < fact_chunk
+    assert (
+        draft.needles[0] in draft.documents[link_chunk - 1]
+        and draft.needles[1] in draft.documents[fact_chunk - 1]
+    )
+    assert niah_twohop(draft.question, "\n".join(draft.documents)) == draft.answers
+    # the look-alikes: half the distractor keys share a word with the linked key
+    linked = set(draft.meta["linked_key"].split("-"))
+    assert any(linked & set(k.split("-")) for k in draft.meta["distractor_keys"])
+
+
+def test_two_hop_out_of_distribution_is_the_heldout_family(tokenizer):
+    from data.filler import TokenCounter
+
+    draft = make_task("niah_twohop").draft(random.Random(0), TokenCounter(tokenizer), 250, 27, ood=True)
+    key = draft.meta["keys"][0]
+    assert draft.question in [t.format(key=key) for t in phrasings.QUESTIONS["heldout"]]

@@ -1,0 +1,96 @@
+"""`heed pretrain` (rl/pretrain.py) on a model of two layers: a stopped run resumes to the same weights as an
+uninterrupted one, the base folder holds bf16 weights whose checksum its card records, and the config names
+a bad key."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from rl.config import ConfigError
+from rl.pretrain import (
+    CARD,
+    CARD_RESULTS,
+    CHECKPOINT,
+    CURVE,
+    Pretraining,
+    load_pretrain_config,
+    pretrain,
+    sha256,
+)
+
+SMALL = [
+    "model.hidden_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
+    "model.num_key_value_heads=1", "model.intermediate_size=128", "seq_len=128", "batch_size=2",
+    "max_steps=4", "warmup_steps=2", "log_every=1", "eval_every=2", "eval_batches=1", "save_every=2",
+    "card_examples=1", "threads=1",
+]  # fmt: skip
+
+
+def config(tmp_path, name, *more):
+    return load_pretrain_config(
+        "configs/base/tiny-base.yaml",
+        [*SMALL, f"run_dir={tmp_path / name}", f"out={tmp_path / name}/base", *more],
+    )
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_runs_weights(tmp_path):
+    whole = Pretraining(config(tmp_path, "whole"))
+    whole.setup(resume=False)
+    whole.train()
+
+    stopped = Pretraining(config(tmp_path, "stopped"))
+    stopped.setup(resume=False)
+    stopped.train_step(), stopped.train_step()
+    stopped.save_checkpoint()  # as the loop does at save_every=2; then the process dies
+    resumed = Pretraining(config(tmp_path, "stopped"))
+    resumed.setup(resume=True)
+    assert resumed.step == 2
+    resumed.train()
+    for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_run_writes_its_curve_and_a_bf16_base_whose_card_holds_its_checksum(tmp_path):
+    cfg = config(tmp_path, "run")
+    results = pretrain(cfg)
+    run, out = tmp_path / "run", tmp_path / "run" / "base"
+    curve = [json.loads(line) for line in (run / CURVE).read_text().splitlines()]
+    assert (
+        [r["step"] for r in curve] == [1, 2, 3, 4]
+        and "heldout_loss" in curve[1]
+        and "heldout_loss" in curve[3]
+    )
+    assert (run / CHECKPOINT).exists()
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118 (not iterable)
+    recorded = json.loads((out / CARD_RESULTS).read_text())
+    assert recorded["sha256"] == sha256(out / "model.safetensors") == results["sha256"]
+    assert recorded["tokens_seen"] == 4 * 2 * 128
+    assert set(recorded["answering"]) == {
+        f"{t}/{f}" for t in ("single", "multikey", "twohop") for f in ("train", "heldout")
+    }
+    assert results["sha256"] in (out / CARD).read_text()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "qwen3"
+    assert "<global>" not in AutoTokenizer.from_pretrained(out).get_vocab()  # a plain base: no DA tags
+
+
+def test_a_second_run_into_the_same_folder_must_say_resume(tmp_path):
+    Pretraining(config(tmp_path, "twice", "max_steps=2")).setup(resume=False)
+    run = Pretraining(config(tmp_path, "twice"))
+    run.setup(resume=False)
+    run.save_checkpoint()
+    with pytest.raises(FileExistsError, match="--resume"):
+        Pretraining(config(tmp_path, "twice")).setup(resume=False)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        Pretraining(config(tmp_path, "empty")).setup(resume=True)
+
+
+def test_a_bad_key_is_named():
+    with pytest.raises(ConfigError, match="max_step"):
+        load_pretrain_config("configs/base/tiny-base.yaml", ["max_step=3"])
+    with pytest.raises(ConfigError, match="batch_size"):
+        load_pretrain_config("configs/base/tiny-base.yaml", ["batch_size=0"])
