@@ -36,7 +36,6 @@ import torch
 from . import phrasings
 from .filler import TokenCounter, filler_sentence
 from .packing import CHUNK_FILL
-from .phrasings import question
 from .tasks import make_task
 from .tasks.names import magic_keys
 
@@ -154,7 +153,7 @@ class Corpus:
         hop = (meta["keys"][0], keys[0], chunk[link]) if link else None
         asked = QA(draft.question, draft.answers[0], chunk[facts[0]], hop)
         family = phrasing or cfg.phrasing
-        more = [QA(question(rng, family, k), _value(f), chunk[f]) for k, f in zip(keys, facts)]
+        more = [QA(phrasings.question(rng, family, k), _value(f), chunk[f]) for k, f in zip(keys, facts)]
         rng.shuffle(more)
         return Context(draft.documents, asked, more)
 
@@ -189,22 +188,26 @@ class Corpus:
         if terse:
             lines = [f" {k}: {values[k]}." for k in asked]  # after a space, as in the facts: the same tokens
         elif rng.random() < 0.5:
-            lines = [f"Question: {question(rng, family, k)}\nAnswer: {values[k]}." for k in asked]
+            lines = [f"Question: {phrasings.question(rng, family, k)}\nAnswer: {values[k]}." for k in asked]
         else:
             lines = [f"The magic number of {k} is {values[k]}." for k in asked]
         return "".join(facts) + "\n\n" + "\n".join(lines) + "\n"
 
     # -- layouts ---------------------------------------------------------------------------------------
 
-    def _compact(self, rng: random.Random, context: Context) -> list[int]:
+    def prompt(self, context: Context) -> list[int]:
+        """The token ids of ``context``'s question laid out as Heed's default prompts it (compact, no
+        protocol instructions): the ``compact`` layout's text before its answer, and what the card asks."""
         from rollouts.protocol import build_prompt
 
         layout = build_prompt(
             context.asked.question, context.documents, self.tokenizer, block_size=32,
             chunk_tokens=self.config.chunk_tokens, style="compact", instructions=False,
         )  # fmt: skip
-        answer = _answer(rng, context.asked, cite=True)
-        return list(layout.input_ids) + self._ids(answer) + [self.eos]
+        return list(layout.input_ids)
+
+    def _compact(self, rng: random.Random, context: Context) -> list[int]:
+        return self.prompt(context) + self._ids(_answer(rng, context.asked, cite=True)) + [self.eos]
 
     def _plain(self, rng: random.Random, context: Context) -> list[int]:
         pairs = [context.asked, *context.more][: rng.randint(1, 4)]

@@ -22,8 +22,6 @@ FAMILIES = ("train", "heldout")
 @torch.no_grad()
 def answering(model, tokenizer, corpus, examples: int, seed: int, max_new_tokens: int = 40) -> dict:
     """``{"<task>/<family>": {"accuracy", "n"}}`` over ``examples`` fresh contexts each (greedy)."""
-    from rollouts.protocol import build_prompt
-
     model.eval()
     results = {}
     for task in TASKS:
@@ -32,11 +30,7 @@ def answering(model, tokenizer, corpus, examples: int, seed: int, max_new_tokens
             contexts = [corpus.context(rng, phrasing=family, kind=task) for _ in range(examples)]
             right = 0
             for context in contexts:
-                prompt = build_prompt(
-                    context.asked.question, context.documents, tokenizer, block_size=32,
-                    chunk_tokens=corpus.config.chunk_tokens, style="compact", instructions=False,
-                )  # fmt: skip
-                ids = torch.tensor([list(prompt.input_ids)])
+                ids = torch.tensor([corpus.prompt(context)])
                 out = model.generate(
                     ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,

@@ -31,6 +31,13 @@ from .base import Draft, Task, reads_in_document_order, spread
 from .names import distinct_numbers, magic_keys
 
 
+def check_needle_params(task) -> None:
+    """The parameters every magic-number task shares: distractors, value digits, phrasing family."""
+    task.check("num_distractors", task.num_distractors, task.num_distractors >= 0, "must be >= 0")
+    task.check("value_digits", task.value_digits, 2 <= task.value_digits <= 12, "must be in 2..12")
+    task.check("phrasing", task.phrasing, task.phrasing in phrasings.FAMILIES, f"one of {phrasings.FAMILIES}")
+
+
 def needle_text(key: str, value: int) -> str:
     return f"One of the special magic numbers for {key} is: {value}."
 
@@ -47,11 +54,7 @@ class NeedleInHaystack(Task):
     def __post_init__(self):
         self.check("num_queries", self.num_queries, self.num_queries >= 1, "must be at least 1")
         self.check("num_values", self.num_values, self.num_values >= 1, "must be at least 1")
-        self.check("num_distractors", self.num_distractors, self.num_distractors >= 0, "must be >= 0")
-        self.check("value_digits", self.value_digits, 2 <= self.value_digits <= 12, "must be in 2..12")
-        self.check(
-            "phrasing", self.phrasing, self.phrasing in phrasings.FAMILIES, f"one of {phrasings.FAMILIES}"
-        )
+        check_needle_params(self)
 
     def draft(
         self, rng: random.Random, count: TokenCounter, target_tokens: int, chunk_tokens: int, ood: bool

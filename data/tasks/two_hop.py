@@ -25,6 +25,7 @@ from ..packing import Needle, num_docs_for, pack_documents
 from ..traces import Read, TracePlan
 from .base import Draft, Task
 from .names import distinct_numbers, magic_keys
+from .niah import check_needle_params
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,7 @@ class TwoHopNeedle(Task):
     phrasing: str = "train"  # family of wordings (data/phrasings.py)
 
     def __post_init__(self):
-        self.check("num_distractors", self.num_distractors, self.num_distractors >= 0, "must be >= 0")
-        self.check("value_digits", self.value_digits, 2 <= self.value_digits <= 12, "must be in 2..12")
-        self.check(
-            "phrasing", self.phrasing, self.phrasing in phrasings.FAMILIES, f"one of {phrasings.FAMILIES}"
-        )
+        check_needle_params(self)
 
     def draft(
         self, rng: random.Random, count: TokenCounter, target_tokens: int, chunk_tokens: int, ood: bool
