@@ -50,23 +50,16 @@ from transformers import TrainerCallback
 
 from rl.callbacks import CheckpointMarker, RunDirLogger, StopOnSignal
 from rl.config import RunConfig, save_run_config
-from rl.console import (
-    ProgressLines,
-    console,
-    interactive,
-    quiet_trainer,
-    route_framework_logs,
-)
+from rl.console import ProgressLines, console, interactive, route_framework_logs
 from rl.distributed import TrainerRanks, release_process_group
 from rl.environment import describe as describe_environment
+from rl.run_grpo import grpo_trainer
 from rl.run_inputs import complete_checkpoints, load_policy, run_data, run_model, run_tokenizer, set_budgets
 from rl.run_pool import start_pool
 from rl.summary import SUMMARY_METRICS, before_after_table, difference_line
 from rl.tables import print_table
 
 logger = logging.getLogger(__name__)
-# what a GRPO progress line shows besides the loss (TRL's mean reward, the batch's accuracy and KV saving)
-GRPO_PROGRESS = ("reward", "heed/reward/accuracy", "heed/reward/kv_saving")
 
 
 class Terminated(Exception):
@@ -425,61 +418,11 @@ class TrainRecipe:
             self.model = load_policy(self.config, self.run_dir / name, self._budgets())
 
     def grpo(self) -> None:
-        from datasets import Dataset
-
-        from rewards.efficiency import DecodeCost
-        from rewards.trl_rewards import trl_reward_functions
-        from rl.curriculum import CurriculumSampler
-        from rl.grpo import DARollout, HeedGRPOTrainer
-        from rollouts.protocol import token_bytes_table
-
-        cfg, g = self.config, self.config.grpo
-        args = g.to_grpo_config(
-            cfg.run, cfg.model, output_dir=str(self.run_dir / "checkpoints"), world=self.ranks.world,
-            report_to=self._report_to(), progress_bar=interactive(),
+        trainer = grpo_trainer(
+            self.config, self.model, self.tokenizer, self.data[self.config.data.train_split],
+            examples=self.examples, pool=self.pool, writer=self.writer, run_dir=self.run_dir,
+            world=self.ranks.world, callbacks=[CheckpointMarker(self.ranks), self._stop],
         )  # fmt: skip
-        rows = self.data[cfg.data.train_split]
-        sampler = CurriculumSampler(
-            rows["task"],
-            rows["context_tokens"],
-            prompts_per_batch=g.prompts_per_step,
-            num_generations=g.num_generations,
-            num_batches=g.max_steps * g.num_iterations,
-            repeat_count=g.num_iterations * args.steps_per_generation,
-            steps_per_batch=args.steps_per_generation / g.gradient_accumulation_steps,
-            schedule=cfg.curriculum.context_schedule,
-            task_mix=cfg.curriculum.task_mix,
-            seed=cfg.run.seed,
-        )
-        decode_cost = DecodeCost.from_config(
-            self.model.config, dtype=cfg.model.dtype, matmul_params=_matmul_params(self.model)
-        )
-        funcs, weights = trl_reward_functions(cfg.rewards, decode_cost, token_bytes_table(self.tokenizer))
-        args.reward_weights = weights
-        rollout = DARollout(
-            self.pool, self.examples, self.tokenizer, layout=cfg.run.prompt_layout(), seed=cfg.run.seed
-        )
-        trainer = HeedGRPOTrainer(
-            model=self.model,
-            args=args,
-            train_dataset=Dataset.from_dict({"prompt": [str(i) for i in rows["id"]]}),
-            reward_funcs=funcs,
-            processing_class=self.tokenizer,
-            rollout=rollout,
-            run_writer=self.writer,
-            sampler=sampler,
-            log_trajectories=g.log_trajectories,
-            prompt_log=str(self.run_dir / "grpo_prompts.jsonl"),
-            decode_cost=decode_cost,
-            reward_config=cfg.rewards,
-            memory_loss=(cfg.selective.grpo_memory_eps, cfg.selective.memory_tau)
-            if cfg.selective.enabled
-            else None,
-            share_prompt=g.share_prompt,
-            callbacks=[CheckpointMarker(self.ranks), self._stop]
-            + ([] if interactive() else [ProgressLines("grpo", extra=GRPO_PROGRESS)]),
-        )
-        quiet_trainer(trainer)
         resume_from = complete_checkpoints(self.run_dir)
         self._in_grpo = True
         try:
@@ -493,12 +436,6 @@ class TrainRecipe:
         if self.ranks.is_main:
             self.tokenizer.save_pretrained(self.run_dir / "final")
             trainer.state.save_to_json(str(self.run_dir / "final" / "trainer_state.json"))  # its step
-
-    def _report_to(self) -> list[str]:
-        """The trainer's loggers, with wandb's environment set (what the caller's environment leaves unset)."""
-        for name, value in self.config.logging.wandb_environment(self.run_dir).items():
-            os.environ.setdefault(name, value)
-        return self.config.logging.report_to
 
     def _evaluate_phase(self, phase: str, step: int) -> None:
         """The evals after a training phase: greedy (or as eval.temperature says) in every eval mode, then,
@@ -611,16 +548,6 @@ class TrainRecipe:
 def _partitioned(model: torch.nn.Module) -> bool:
     """Whether DeepSpeed ZeRO-3 has partitioned the model's parameters over the ranks."""
     return any(hasattr(p, "ds_id") for p in model.parameters())
-
-
-def _matmul_params(model: torch.nn.Module) -> int:
-    """Weights each generated token multiplies: every linear layer (the LM head included, tied or not;
-    the embedding lookup is no matmul). ZeRO-3 partitioned weights count in full (``ds_numel``)."""
-    return sum(
-        getattr(m.weight, "ds_numel", m.weight.numel())
-        for m in model.modules()
-        if isinstance(m, torch.nn.Linear)
-    )
 
 
 def train(config: RunConfig, *, resume: bool = False) -> dict[str, Any]:

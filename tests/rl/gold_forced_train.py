@@ -37,7 +37,7 @@ recipe_worker, product_entrypoint = launch.train_worker, launch.entrypoint
 
 
 def force_gold() -> None:
-    """Make ``rl.grpo.DARollout`` gold-forced in this process (what ``TrainRecipe.grpo`` builds)."""
+    """Make ``rl.grpo.DARollout`` gold-forced in this process (what ``rl.run_grpo.grpo_trainer`` builds)."""
     import rl.grpo
     from tests.rl.grpo_job import GoldForcedRollout
 

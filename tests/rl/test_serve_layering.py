@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.rl.jobs import ROOT
 
 SERVING = Path(ROOT) / "rl" / "serving"
-ABOVE = ("rl.train", "rl.evaluate", "rl.dashboard", "rl.export", "rl.grpo", "rl.sft", "rl.cli")
+ABOVE = ("rl.train", "rl.run_grpo", "rl.evaluate", "rl.dashboard", "rl.export", "rl.grpo", "rl.sft", "rl.cli")
 
 
 def imported_modules(path: Path) -> set[str]:
