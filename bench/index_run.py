@@ -20,7 +20,7 @@ import yaml
 from datasets import load_from_disk
 
 from rl.summary import STAGES, paired_difference
-from rollouts.protocol import MODE_TABLE
+from rollouts.protocol import mode_table
 
 
 def _split(run_dir: Path, name: str) -> dict[str, tuple]:
@@ -45,7 +45,7 @@ def main(first: Path, second: Path) -> None:
         if None in rows:
             continue
         for name, row in zip("AB", rows):
-            mix = " / ".join(f"{(row.get(m.eval_key) or 0):.0%}" for m in MODE_TABLE)
+            mix = " / ".join(f"{(row.get(m.eval_key) or 0):.0%}" for m in mode_table())
             print(
                 f"| {label} | {name} | {row['accuracy']:.3f} | {row['kv_tokens'] / row['n']:,.0f} | "
                 f"{row['kv_saving']:.1%} | {mix} |"

@@ -62,7 +62,7 @@ from rl.dashboard.records import bin_order, context_tokens, length_bin, predicte
 from rl.eval_requests import EvalError, build_requests, check_sampling, parse_modes, select_examples
 from rl.policy_settings import SettingsError, checkpoint_settings, layout_settings
 from rollouts.engines.base import RolloutRequest
-from rollouts.protocol import DEFAULT_LAYOUT, MODE_BY_NAME, MODES, LayoutSettings
+from rollouts.protocol import DEFAULT_LAYOUT, LayoutSettings, mode_by_name, mode_names
 from rollouts.trajectory import ROLLOUT_MODES, Trajectory
 
 Generate = Callable[[list[RolloutRequest]], list[Trajectory]]
@@ -87,7 +87,7 @@ class EvalRow:
     kv_tokens_per_example: float  # kv_tokens / n: what one completion read
     kv_tokens_vanilla_per_example: float  # kv_tokens_vanilla / n
     decode_steps: float  # mean generated tokens per example
-    # mode -> share of generated tokens predicted under it, for every mode of rollouts.protocol.MODE_TABLE
+    # mode -> share of generated tokens predicted under it, for every mode of rollouts.protocol.mode_table()
     mode_mix: dict[str, float | None]
     truncated: int = 0  # examples that stopped at max_tokens
     errors: int = 0  # examples the engine failed (scored 0)
@@ -103,7 +103,7 @@ class EvalRow:
         mix, terms = row.pop("mode_mix"), row.pop("terms")
         return {
             **row,
-            **{MODE_BY_NAME[name].eval_key: share for name, share in mix.items()},
+            **{mode_by_name(name).eval_key: share for name, share in mix.items()},
             **{f"reward_{name}": mean for name, mean in terms.items()},  # registered terms: reward_<name>
         }
 
@@ -265,11 +265,11 @@ class EvalReport:
         from rich.table import Table
 
         table = Table(title=title, title_justify="left")
-        mix_header = "/".join(m[0] for m in MODES) + " %"
+        mix_header = "/".join(m[0] for m in mode_names()) + " %"
         for name in ("mode", "KV read/ex", "vanilla/ex", "KV saved", "steps", mix_header):
             table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
         for row in self.summaries:
-            mix = "/".join(_fmt(row.mode_mix[m], "{:.0f}", scale=100) for m in MODES)
+            mix = "/".join(_fmt(row.mode_mix[m], "{:.0f}", scale=100) for m in mode_names())
             table.add_row(
                 row.mode, f"{row.kv_tokens_per_example:,.0f}", f"{row.kv_tokens_vanilla_per_example:,.0f}",
                 _fmt(row.kv_saving, "{:.1%}"), f"{row.decode_steps:.1f}", mix,
@@ -302,7 +302,7 @@ class EvalReport:
             kv_tokens_per_example=kv_read / len(ts),
             kv_tokens_vanilla_per_example=kv_vanilla / len(ts),
             decode_steps=_mean([len(t.completion_ids) for t in ts]),
-            mode_mix={m: mix[m] / generated if generated else None for m in MODES},
+            mode_mix={m: mix[m] / generated if generated else None for m in mode_names()},
             truncated=sum(t.finish_reason == "length" for t in ts),
             errors=sum(t.finish_reason == "error" for t in ts),
             kv_tokens_per_layer=_by_layer([t.kv_tokens_by_layer for t in ts], sum),

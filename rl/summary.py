@@ -13,7 +13,7 @@ import math
 
 from rich.table import Table
 
-from rollouts.protocol import MODE_TABLE
+from rollouts.protocol import mode_table
 
 RATE_METRICS = ("accuracy", "compliance", "coverage", "kv_saving")  # shares in [0, 1]
 KV_READ = "kv_tokens"  # KV tokens the engine read for one completion (rl.evaluate.completion_kv_tokens)
@@ -57,11 +57,11 @@ def before_after_table(state: dict, suffix: str = "", title: str = "held-out da"
     if not rows:
         return None
     table = Table(title=title, title_justify="left")
-    mix_header = "/".join(m.name[0] for m in MODE_TABLE) + " %"
+    mix_header = "/".join(m.name[0] for m in mode_table()) + " %"
     for column in ("", "acc", "compl.", "cover.", "KV\nsaved", "KV read\nper ex.", mix_header, "n"):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
     for label, row in rows:
-        mix = "/".join(_fmt(row.get(m.eval_key), "{:.0f}", 100) for m in MODE_TABLE)
+        mix = "/".join(_fmt(row.get(m.eval_key), "{:.0f}", 100) for m in mode_table())
         rates = [_fmt(row.get(k)) for k in RATE_METRICS]
         read = f"{row['kv_tokens'] / row['n']:,.0f}"  # = kv_tokens_per_example, which older evals lack
         table.add_row(label, *rates, read, mix, str(row["n"]))

@@ -19,18 +19,17 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from rewards import shown as reward_shown
-from rollouts.protocol import MODE_TABLE, VIOLATION_KINDS
+from rollouts.protocol import VIOLATION_KINDS, mode_by_name, mode_names, mode_table
 
 from .attention_map import MASKED, AttentionMap
-from .records import MODES, bin_order
+from .records import bin_order
 from .run_dir import Run
 from .smoothing import SMOOTHING_WEIGHT, smooth
 
 PAPER_GLOBAL_SHARE = 0.27  # the DA paper's zero-shot <global> share of generated tokens (§6.1)
-MODE_COLORS = {mode.name: mode.color for mode in MODE_TABLE}
 CHUNK_COLORS = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7e9c0")  # cycled over chunks
 MASKED_COLOR, SCAFFOLD_COLOR, GENERATED_COLOR = "#f0f0f0", "#636363", "#252525"
-INDEX_COLOR = MODE_COLORS["index"]  # the index region
+INDEX_COLOR = mode_by_name("index").color  # the index region
 LINE_COLORS = qualitative.Plotly  # a series' raw points and smoothed line share one, cycled over series
 RAW_OPACITY = 0.3  # the logged values stay visible behind the smoothed line, as in wandb and TensorBoard
 
@@ -145,11 +144,11 @@ def mode_mix(run: Run):
     local is a trend in each share, and a stacked area hides every band's trend but the bottom one's."""
     fig = _lines(
         run,
-        [mode.metric for mode in MODE_TABLE],
+        [mode.metric for mode in mode_table()],
         "Mode mix: share of generated tokens by mode",
         "share",
         label=lambda name: name.split("/", 1)[1],
-        color=lambda name: MODE_COLORS[name.split("/", 1)[1]],
+        color=lambda name: mode_by_name(name.split("/", 1)[1]).color,
         yaxis_range=[0, 1],
     )
     if fig is not None:
@@ -175,10 +174,10 @@ def mode_mix_by_length(run: Run):
     prefix = "mode_mix/by_length/"
     bins = sorted({n[len(prefix) :].rsplit("/", 1)[0] for n in _prefixed(run, prefix)}, key=bin_order)
     fig = go.Figure()
-    for mode in MODES:
+    for mode in mode_names():
         values = [run.latest(f"{prefix}{b}/{mode}") for b in bins]
         if any(v is not None for v in values):
-            fig.add_trace(go.Bar(x=bins, y=values, name=mode, marker_color=MODE_COLORS[mode]))
+            fig.add_trace(go.Bar(x=bins, y=values, name=mode, marker_color=mode_by_name(mode).color))
     if not fig.data:
         return None
     return _layout(
@@ -334,16 +333,17 @@ def attention_map_figure(amap: AttentionMap, title: str):
     colors += [INDEX_COLOR, GENERATED_COLOR]
     steps = list(range(amap.cells.shape[0]))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.07, 0.93], vertical_spacing=0.02)
-    mode_index = [MODES.index(m) for m in amap.modes]
+    modes = mode_names()
+    mode_index = [modes.index(m) for m in amap.modes]
     fig.add_trace(
         go.Heatmap(
             z=[mode_index],
             x=steps,
             zmin=0,
-            zmax=len(MODES) - 1,
+            zmax=len(modes) - 1,
             showscale=False,
             name="mode",
-            colorscale=_discrete_scale([MODE_COLORS[m] for m in MODES]),
+            colorscale=_discrete_scale([mode_by_name(m).color for m in modes]),
             customdata=[amap.modes],
             hovertemplate="step %{x}: %{customdata}<extra></extra>",
         ),
@@ -366,9 +366,11 @@ def attention_map_figure(amap: AttentionMap, title: str):
         2,
         1,
     )
-    for mode in MODES:  # legend entries for the mode strip
+    for mode in modes:  # legend entries for the mode strip
         fig.add_trace(
-            go.Scatter(x=[None], y=[None], mode="markers", name=mode, marker_color=MODE_COLORS[mode]), 2, 1
+            go.Scatter(x=[None], y=[None], mode="markers", name=mode, marker_color=mode_by_name(mode).color),
+            2,
+            1,
         )
     fig.update_layout(
         title=title,

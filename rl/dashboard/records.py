@@ -19,7 +19,7 @@ import numpy as np
 
 from rewards import RewardBreakdown, shown
 from rewards.efficiency import DecodeCost, KVReads, Roofline, decode_seconds, kv_bytes
-from rollouts.protocol import MODES, VIOLATION_KINDS
+from rollouts.protocol import VIOLATION_KINDS, mode_names
 from rollouts.trajectory import Trajectory
 
 UNPAID = ("accuracy_ruler", "kv_saving")  # RewardBreakdown fields logged beside the terms, not paid
@@ -206,4 +206,4 @@ def _kv_reads(reads: Sequence[KVReads], cost: DecodeCost | None, roofline: Roofl
 def _mode_mix(prefix: str, modes: Sequence[str]) -> dict[str, float | None]:
     counts = Counter(modes)
     total = len(modes)
-    return {f"{prefix}/{m}": (counts[m] / total if total else None) for m in MODES}
+    return {f"{prefix}/{m}": (counts[m] / total if total else None) for m in mode_names()}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from plotly.offline import get_plotlyjs
 
-from rollouts.protocol import MODE_TABLE
+from rollouts.protocol import mode_table
 from rollouts.trajectory import ROLLOUT_MODES
 
 from . import charts
@@ -43,7 +43,14 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .completion { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 12px;
   border: 1px solid #ddd; padding: 8px; }
 """
-_CSS += "\n".join(f".mode-{mode.name} {{ background: {mode.background}; }}" for mode in MODE_TABLE) + "\n"
+
+
+def _css() -> str:
+    """The page's style, with a highlight for every mode (registered ones too)."""
+    return _CSS + "".join(
+        f".mode-{mode.name} {{ background: {mode.background}; }}\n" for mode in mode_table()
+    )
+
 
 _DRAW = """
 // Errors are recorded on <body> so a headless browser test can read them from the DOM.
@@ -156,7 +163,7 @@ def render_report(run: Run, trajectory_ids: Sequence[str] = ()) -> str:
         )
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        f"<title>Heed run: {html.escape(run.root.name)}</title><style>{_CSS}</style>"
+        f"<title>Heed run: {html.escape(run.root.name)}</title><style>{_css()}</style>"
         f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
         f"<h1>Heed run: {html.escape(str(run.root))}</h1><p class='meta'>{meta}</p>{_skipped_section(run)}"
         f"<h2>Over steps</h2><p class='meta' id='smoothing-note'>{_SMOOTHING_NOTE}</p>{missing_note}"

@@ -24,6 +24,7 @@ import random
 import re
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -84,8 +85,12 @@ def write_sample_run(
     tasks: tuple[str, ...] = ("niah_single", "multi_span", "variable_tracking"),
     block_size: int = 32,
     seed: int = 0,
+    rewrite: Callable[[str], str] | None = None,
 ) -> Path:
-    """Write a sample run directory to ``out`` (which must not hold a run yet) and return it."""
+    """Write a sample run directory to ``out`` (which must not hold a run yet) and return it.
+
+    ``rewrite`` changes every completion before it is parsed: a test's variant of the protocol, such as
+    the tags of a mode it registered (rollouts/protocol/modes.py)."""
     out = Path(out)
     if (out / "metrics.jsonl").exists():
         raise FileExistsError(f"{out} already holds a run; choose an empty directory")
@@ -108,6 +113,7 @@ def write_sample_run(
 
     def rollout(i: int, text: str, mode: str = "da") -> Trajectory:
         layout = layouts[i]
+        text = rewrite(text) if rewrite is not None else text
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         trace = trace_completion(layout, ids, table)
         trace.parsed.text = text

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from rewards import shown
 from rl.tables import print_table
-from rollouts.protocol import MODE_TABLE
+from rollouts.protocol import mode_table
 
 from .report import EVAL_MODES
 from .run_dir import Run
@@ -21,7 +21,6 @@ from .smoothing import smooth
 
 # after the reward's total and terms (rewards.shown: registered terms too)
 HEADLINE = (
-    *(mode.metric for mode in MODE_TABLE),
     "kv/tokens_da_per_completion",
     "kv/tokens_vanilla_per_completion",
     "kv/tokens_da",
@@ -65,7 +64,8 @@ def print_summary(run: Run, console: Console | None = None) -> None:
     table.add_column("smoothed", justify="right")
     table.add_column("at step", justify="right")
     violations = [n for n in run.metric_names() if n.startswith("violations/") and run.latest(n)]
-    for name in (*(f"reward/{term}" for term in shown()), *HEADLINE, *violations):
+    modes = (mode.metric for mode in mode_table())
+    for name in (*(f"reward/{term}" for term in shown()), *modes, *HEADLINE, *violations):
         at, values = run.series(name)
         if values:
             table.add_row(name, _fmt(values[0]), _fmt(values[-1]), _fmt(smooth(values)[-1]), str(at[-1]))

@@ -11,11 +11,11 @@ from collections import Counter
 from collections.abc import Sequence
 
 from rewards import shown as reward_shown
+from rollouts.protocol import mode_names
 
 from . import charts
 from .attention_map import attention_map, check_against_trace
 from .embed import figure_block
-from .records import MODES
 from .run_dir import Run
 
 DEFAULT_TRAJECTORIES = 3
@@ -115,7 +115,7 @@ def record_mode_mix(record: dict) -> dict[str, float]:
     """Share of this completion's tokens by the mode they were predicted under."""
     modes = Counter(record["states"][i]["mode"] for i in record["predicted_state"])
     total = sum(modes.values())
-    return {m: modes[m] / total if total else 0.0 for m in MODES}
+    return {m: modes[m] / total if total else 0.0 for m in mode_names()}
 
 
 def samples_table(run: Run) -> str:
@@ -138,7 +138,7 @@ def samples_table(run: Run) -> str:
             html.escape(str(t.get("task"))),
             str(t.get("context_tokens")),
             *(f"{_number(reward, c):.3f}" for c in reward_shown()),
-            *(f'<span class="mode-{m}">{mix[m]:.0%}</span>' for m in MODES),
+            *(f'<span class="mode-{m}">{mix[m]:.0%}</span>' for m in mode_names()),
             f"{1 - da / vanilla:.1%}" if vanilla else "–",
             html.escape(", ".join(v.get("kind", "?") for v in t.get("violations", [])) or "–"),
             html.escape(repr(t.get("answer"))),
@@ -153,7 +153,7 @@ def samples_table(run: Run) -> str:
             "task",
             "context",
             *("reward" if c == "total" else c for c in reward_shown()),
-            *MODES,
+            *mode_names(),
             "KV saving",
             "violations",
             "answer",

@@ -16,9 +16,8 @@ import html
 from pathlib import Path
 
 from rewards import shown
-from rollouts.protocol import MODE_TABLE
+from rollouts.protocol import mode_by_name, mode_names
 
-from .records import MODES
 from .run_dir import ROW_KEYS, Run, RunReader
 from .trajectory_views import record_mode_mix
 
@@ -28,7 +27,7 @@ def sample_columns() -> list[str]:
     ones included), each mode's share, the saving, violations, answer and the mode-colored text."""
     rewards = ["reward" if name == "total" else name for name in shown()]
     return [
-        "id", "step", "task", "context_tokens", *rewards, *(f"share_{m}" for m in MODES), "kv_saving",
+        "id", "step", "task", "context_tokens", *rewards, *(f"share_{m}" for m in mode_names()), "kv_saving",
         "violations", "answer", "text",
     ]  # fmt: skip
 
@@ -44,7 +43,6 @@ EVAL_COLUMNS = (
     "kv_tokens_vanilla",
     "decode_steps",
 )
-MODE_BACKGROUND = {mode.name: mode.background for mode in MODE_TABLE}
 
 
 def merged_steps(run: Run) -> dict[int, dict[str, float]]:
@@ -58,11 +56,17 @@ def merged_steps(run: Run) -> dict[int, dict[str, float]]:
     return dict(sorted(steps.items()))
 
 
+def _background(mode: str) -> str:
+    try:
+        return mode_by_name(mode).background
+    except KeyError:  # a mode registered in the run that wrote the record, not in this process
+        return "#fff"
+
+
 def colored_text_html(record: dict) -> str:
     text = record.get("completion_text", "")
     parts = [
-        f'<span style="background:{MODE_BACKGROUND.get(s["mode"], "#fff")}">'
-        f"{html.escape(text[s['start'] : s['end']])}</span>"
+        f'<span style="background:{_background(s["mode"])}">{html.escape(text[s["start"] : s["end"]])}</span>'
         for s in record.get("segments", [])
     ]
     return f'<pre style="white-space:pre-wrap">{"".join(parts)}</pre>'
@@ -88,7 +92,7 @@ def record_rows(records: list[dict]) -> list[list]:
             rows.append(
                 [t["id"], t["step"], t.get("task"), t.get("context_tokens")]
                 + [reward.get(c) for c in shown()]
-                + [mix[m] for m in MODES]
+                + [mix[m] for m in mode_names()]
                 + [reward.get("kv_saving"), violations, t.get("answer"), colored_text_html(t)]
             )
         except (KeyError, TypeError, IndexError, AttributeError):

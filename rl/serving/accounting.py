@@ -39,7 +39,7 @@ from prometheus_client import Counter, Histogram
 
 from rollouts.engines.base import RolloutRequest, build_trajectory
 from rollouts.masks.accounting import KVShape
-from rollouts.protocol import MODES
+from rollouts.protocol import mode_names
 from rollouts.protocol.layout import PromptLayout
 
 REQUESTS = Counter("heed:requests", "DA-laid-out requests served, by rollout mode", ["mode"])
@@ -101,7 +101,7 @@ def request_accounting(
         "kv_saving": 1.0 - kv / vanilla if vanilla else None,
         "kv_bytes": kv_shape.kv_bytes(kv),
         "kv_bytes_vanilla": kv_shape.kv_bytes(vanilla),
-        "mode_mix": {m: mix[m] for m in MODES},
+        "mode_mix": {m: mix[m] for m in mode_names()},
         "violations": [v.kind for v in parsed.violations],
         "answer": parsed.answer,
         "protocol_version": layout.protocol_version,

@@ -30,27 +30,30 @@ from dataclasses import dataclass
 import numpy as np
 
 from rollouts.protocol.layout import PromptLayout
-from rollouts.protocol.parser import GLOBAL, GLOBAL_STATE, INDEX, ModeState, ParsedCompletion, ProtocolParser
+from rollouts.protocol.modes import mode_by_name
+from rollouts.protocol.parser import GLOBAL_STATE, ModeState, ParsedCompletion, ProtocolParser
 from rollouts.protocol.tokens import TokenTextStream
 
 
 def visible_chunks(state: ModeState, num_chunks: int) -> np.ndarray:
     """``[num_chunks + 2]`` bool, one entry per prompt region (``PromptLayout.chunk_of_block``'s ids):
     entry ``c`` in ``1..num_chunks`` says whether chunk ``c`` is visible, entry ``num_chunks + 1``
-    whether the index is; entry 0 (scaffold and generated tokens) is always True. *The* visibility rule.
+    whether the index is; entry 0 (scaffold and generated tokens) is always True. *The* visibility rule:
+    a mode reads the regions of its ``visible`` rule (rollouts/protocol/modes.py), registered modes too.
 
     >>> visible_chunks(ModeState("focus", (2,)), 3).tolist(), visible_chunks(ModeState("index"), 3).tolist()
     ([True, False, True, False, False], [True, False, False, False, True])
     """
     vis = np.zeros(num_chunks + 2, dtype=bool)
     vis[0] = True
-    if state.mode == GLOBAL:
+    rule = mode_by_name(state.mode).visible
+    if rule == "all":
         vis[:] = True
-    elif state.mode == INDEX:
+    elif rule == "index":
         vis[num_chunks + 1] = True
-    else:
-        vis[list(state.chunks)] = True  # empty for local
-    return vis
+    elif rule == "listed":
+        vis[list(state.chunks)] = True
+    return vis  # "none": the scaffold and the generated tokens only
 
 
 def state_visibility(states: Sequence[ModeState], num_chunks: int) -> np.ndarray:

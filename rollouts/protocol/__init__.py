@@ -2,7 +2,17 @@
 
 from .instructions import PROTOCOL_VERSION, PROTOCOL_VERSIONS, system_instructions
 from .layout import DEFAULT_LAYOUT, LayoutError, LayoutSettings, PromptLayout, build_prompt
-from .modes import MODE_BY_NAME, MODE_TABLE, Mode
+from .modes import (
+    MODE_BY_NAME,
+    MODE_TABLE,
+    Mode,
+    mode_by_name,
+    mode_names,
+    mode_table,
+    register_mode,
+    registered_mode,
+    unregister_mode,
+)
 from .neutralize import neutralize
 from .parser import (
     GLOBAL_STATE,
@@ -45,10 +55,16 @@ __all__ = [
     "TokenTextStream",
     "Violation",
     "build_prompt",
+    "mode_by_name",
+    "mode_names",
+    "mode_table",
     "neutralize",
     "parse_completion",
+    "register_mode",
+    "registered_mode",
     "resting_state",
     "starting_state",
     "system_instructions",
     "token_bytes_table",
+    "unregister_mode",
 ]

@@ -10,13 +10,19 @@ untrusted text is tokenized with ``split_special_tokens=True`` so ``<|im_end|>``
 
 from __future__ import annotations
 
+import functools
 import re
 
-from .parser import TAG_NAMES
+from .modes import generation
+from .parser import tag_names
 
 NEUTRAL_LT = "\u2039"
 
-_TAG_LIKE = re.compile(r"<(?=\s*/?\s*(?:" + "|".join(TAG_NAMES) + r"))", re.IGNORECASE)
+
+@functools.cache
+def _tag_like(_generation: int) -> re.Pattern:
+    """The ``<`` of anything shaped like a tag of some mode (registered ones included, modes.py)."""
+    return re.compile(r"<(?=\s*/?\s*(?:" + "|".join(tag_names()) + r"))", re.IGNORECASE)
 
 
 def neutralize(text: str) -> str:
@@ -25,4 +31,4 @@ def neutralize(text: str) -> str:
     >>> neutralize('see <focus magic_chunks="1"> and </ANSWER>, but 3 < 4')
     'see ‹focus magic_chunks="1"> and ‹/ANSWER>, but 3 < 4'
     """
-    return _TAG_LIKE.sub(NEUTRAL_LT, text)
+    return _tag_like(generation()).sub(NEUTRAL_LT, text)

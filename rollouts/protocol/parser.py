@@ -56,13 +56,14 @@ not depend on how the text was split into pieces; the hypothesis tests check exa
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .instructions import PROTOCOL_VERSION, PROTOCOL_VERSIONS
-from .modes import MODES
+from .modes import MODES, generation, mode_names, mode_table
 
 MAX_TAG_CHARS = 256  # a `<focus ...>` candidate longer than this is plain text (bounds buffering)
 
@@ -128,9 +129,6 @@ VIOLATION_KINDS = (
     "no_index",  # (v3) <index> in a prompt laid out without an index: the mode shows no chunk
 )
 
-_MODE_TAGS = {"<global>": GLOBAL, "<local>": LOCAL, "<index>": INDEX}
-_CLOSE_TAGS = {"</global>": GLOBAL, "</local>": LOCAL, "</focus>": FOCUS, "</index>": INDEX}
-_INDEX_TAGS = ("<index>", "</index>")  # read from version 3 on; plain text before
 _ANSWER_TAGS = ("<answer>", "</answer>")
 _THINK_TAGS = ("<think>", "</think>")
 _FOCUS_HEAD = "<focus"
@@ -142,26 +140,47 @@ PROTOCOL_TAG_TOKENS = (
     *(f"</{mode}>" for mode in (GLOBAL, LOCAL, INDEX, "answer", FOCUS)),
     '<focus magic_chunks="',
 )
-# Every tag name some version reads (documents are neutralized against all of them: contract 6)
-TAG_NAMES = (GLOBAL, FOCUS, LOCAL, INDEX, "answer", "think")
 _CHUNKS_ATTR = re.compile(r"""magic_chunks\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 _ID_SEPARATORS = re.compile(r"[,\s]+")
+
+
+def tag_names() -> tuple[str, ...]:
+    """Every tag name some version reads: the modes (registered ones included), answer, think
+    (documents are neutralized against all of them: contract 6).
+
+    >>> tag_names()
+    ('global', 'focus', 'local', 'index', 'answer', 'think')
+    """
+    return (*mode_names(), "answer", "think")
 
 
 def _prefixes(words) -> frozenset[str]:
     return frozenset(w[:i] for w in words for i in range(1, len(w) + 1))
 
 
-def _exact_tags(thinking: bool, version: int) -> frozenset[str]:
-    tags = {*_MODE_TAGS, *_CLOSE_TAGS, *_ANSWER_TAGS, *(_THINK_TAGS if thinking else ())}
-    return frozenset(tags if version >= 3 else tags - set(_INDEX_TAGS))
+class _TagTable(NamedTuple):
+    """The tags one (thinking, version) reads, from the mode table (modes.py)."""
+
+    opens: dict[str, str]  # "<global>" -> "global": every mode but focus, whose tag has attributes
+    closes: dict[str, str]  # "</focus>" -> "focus"
+    exact: frozenset[str]  # every whole tag
+    prefixes: frozenset[str]  # every prefix of a tag, "<focus" included
+    heads: frozenset[str]  # v2: a failed candidate beginning with one of these is malformed
 
 
-# v2: a failed candidate that begins with one of these (then a non-name character, or nothing) is malformed
-_TAG_HEADS = {
-    version: frozenset({*(t[:-1] for t in _exact_tags(False, version)), _FOCUS_HEAD})
-    for version in PROTOCOL_VERSIONS
-}
+def _tag_table(thinking: bool, version: int) -> _TagTable:
+    return _tag_table_of(bool(thinking), version, generation())
+
+
+@functools.cache
+def _tag_table_of(thinking: bool, version: int, _generation: int) -> _TagTable:
+    modes = [m.name for m in mode_table() if version >= m.since_version]
+    opens = {f"<{m}>": m for m in modes if m != FOCUS}
+    closes = {f"</{m}>": m for m in modes}
+    plain = {*opens, *closes, *_ANSWER_TAGS}
+    exact = frozenset(plain | set(_THINK_TAGS if thinking else ()))
+    heads = frozenset({*(t[:-1] for t in plain), _FOCUS_HEAD})
+    return _TagTable(opens, closes, exact, _prefixes([*exact, _FOCUS_HEAD]), heads)
 
 
 def _names_a_tag(candidate: str, version: int = PROTOCOL_VERSION) -> bool:
@@ -174,16 +193,7 @@ def _names_a_tag(candidate: str, version: int = PROTOCOL_VERSION) -> bool:
     start = end = 2 if candidate.startswith("</") else 1
     while end < len(candidate) and (candidate[end].isalnum() or candidate[end] in "_-"):
         end += 1
-    return end > start and candidate[:end] in _TAG_HEADS[version]
-
-
-# (exact tags, every prefix of a tag) per (thinking, version), built once
-_TAGS = {
-    (thinking, version): (exact, _prefixes([*exact, _FOCUS_HEAD]))
-    for thinking in (False, True)
-    for version in PROTOCOL_VERSIONS
-    for exact in [_exact_tags(thinking, version)]
-}
+    return end > start and candidate[:end] in _tag_table(False, version).heads
 
 
 @dataclass(frozen=True)
@@ -255,7 +265,8 @@ class ProtocolParser:
             raise ValueError(f"protocol version must be one of {PROTOCOL_VERSIONS}, got {self.version!r}")
         if self.has_index and self.version < 3:
             raise ValueError(f"an index needs protocol version 3 or later, got version {self.version}")
-        self._exact, self._tag_prefixes = _TAGS[bool(self.thinking), self.version]
+        self._tags = _tag_table(self.thinking, self.version)
+        self._exact, self._tag_prefixes = self._tags.exact, self._tags.prefixes
         self._rest = resting_state(self.has_index, self.version)
         self.state = starting_state(self.has_index, self.version)
         self.transitions = [(0, self.state)]
@@ -373,27 +384,28 @@ class ProtocolParser:
     def _tag(self, tag: str) -> None:
         start = self._consumed
         self._consumed += len(tag)
-        if tag in _MODE_TAGS or tag.startswith(_FOCUS_HEAD) or tag in _CLOSE_TAGS:
+        opens, closes = self._tags.opens, self._tags.closes
+        if tag in opens or tag.startswith(_FOCUS_HEAD) or tag in closes:
             self.mode_tag_spans.append((start, self._consumed))
-        if tag in _MODE_TAGS or tag.startswith(_FOCUS_HEAD):
+        if tag in opens or tag.startswith(_FOCUS_HEAD):
             if self._open_mode is not None:
                 self._violation("nested_mode", start)
             if self._in_answer:
                 self._violation("tag_in_answer", start)
-            if tag in _MODE_TAGS:
-                self._open_mode = _MODE_TAGS[tag]
+            if tag in opens:
+                self._open_mode = opens[tag]
                 if self._open_mode == INDEX and not self.has_index:
                     self._violation("no_index", start)
                 self._set_state(ModeState(self._open_mode))
             else:
                 self._open_mode = FOCUS
                 self._set_state(self._focus_state(tag, start))
-        elif tag in _CLOSE_TAGS:
+        elif tag in closes:
             if self._in_answer:
                 self._violation("tag_in_answer", start)
             if self._open_mode is None:
                 self._violation("unmatched_close", start)
-            elif self._open_mode != _CLOSE_TAGS[tag]:
+            elif self._open_mode != closes[tag]:
                 self._violation("mismatched_close", start)
             self._open_mode = None
             self._set_state(self._rest)

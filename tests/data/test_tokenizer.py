@@ -76,7 +76,7 @@ def test_protocol_tokens_are_the_parsers_tags_in_the_recorded_order(tagged_token
     reads; their order is the one the recorded runs were built with, which fixes the tokens' ids."""
     from rollouts.protocol import parser
 
-    whole = {*parser._MODE_TAGS, *parser._CLOSE_TAGS, *parser._ANSWER_TAGS}
+    whole = set(parser._tag_table(False, parser.PROTOCOL_VERSION).exact)  # every whole tag, no <think>
     assert set(PROTOCOL_TOKENS[:-1]) == whole and len(PROTOCOL_TOKENS) == len(whole) + 1
     assert PROTOCOL_TOKENS[-1].startswith(parser._FOCUS_HEAD)
     assert PROTOCOL_TOKENS == [

@@ -377,7 +377,8 @@ def served(export, rows, tokenizer, tmp_path_factory):
 
 def _expected(trajectory) -> dict:
     """The `heed` record's figures as `heed eval` computes them from its trajectory."""
-    from rl.dashboard.records import MODES, predicted_modes
+    from rl.dashboard.records import predicted_modes
+    from rollouts.protocol import MODES
 
     mix = Counter(predicted_modes(trajectory))
     return {

@@ -1,5 +1,6 @@
-"""Every view of a mode reads rollouts.protocol.MODE_TABLE: the parser's modes, the charts' colours, the
-highlighted text in the report and the wandb mirror, and the eval rows' keys come from its rows."""
+"""Every view of a mode reads rollouts.protocol's mode table: the parser's modes, the charts' colours, the
+highlighted text in the report and the wandb mirror, and the eval rows' keys come from its rows (a mode
+registered at run time: tests/rl/dashboard/test_registered_mode.py)."""
 
 import re
 
@@ -11,10 +12,10 @@ from rollouts.protocol import parser as protocol_parser
 def test_the_parser_and_the_views_take_the_tables_modes():
     assert MODES == tuple(m.name for m in MODE_TABLE) == ("global", "focus", "local", "index")
     assert (protocol_parser.GLOBAL, protocol_parser.INDEX) == ("global", "index")
-    assert {m.name: m.color for m in MODE_TABLE} == charts.MODE_COLORS
-    assert {m.name: m.background for m in MODE_TABLE} == wandb_mirror.MODE_BACKGROUND
+    assert charts.INDEX_COLOR == "#9467bd"
+    assert [wandb_mirror._background(m) for m in MODES] == ["#fbe3e3", "#dde9f7", "#e0f3e0", "#ece3f5"]
     for mode in MODE_TABLE:
-        assert re.search(rf"\.mode-{mode.name} \{{ background: {mode.background}; \}}", report._CSS)
+        assert re.search(rf"\.mode-{mode.name} \{{ background: {mode.background}; \}}", report._css())
         assert (mode.metric, mode.eval_key) == (f"mode_mix/{mode.name}", f"mode_mix_{mode.name}")
     assert len({m.color for m in MODE_TABLE}) == len({m.background for m in MODE_TABLE}) == len(MODE_TABLE)
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from rl.dashboard import RunReader, RunWriter, render_report
-from rl.dashboard.charts import MODE_COLORS, STEP_CHARTS
+from rl.dashboard.charts import STEP_CHARTS
+from rollouts.protocol import MODE_BY_NAME
 
 from .conftest import debiased_ema, figures, metrics_lines
 
@@ -222,7 +223,7 @@ def test_mode_mix_lines_equal_hand_counted_token_shares(report_page, sample_run)
     for record in sample_records(sample_run):
         modes_by_step[record["step"]] += [record["states"][i]["mode"] for i in record["predicted_state"]]
     for mode, (raw, smoothed) in pairs.items():
-        assert raw["line"]["color"] == MODE_COLORS[mode]
+        assert raw["line"]["color"] == MODE_BY_NAME[mode].color
         expected = [modes.count(mode) / len(modes) for _, modes in sorted(modes_by_step.items())]
         assert raw["y"] == pytest.approx(expected)
         assert smoothed["y"] == pytest.approx(debiased_ema(expected), abs=1e-12)
