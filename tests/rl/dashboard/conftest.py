@@ -16,6 +16,38 @@ def figures(page: str) -> dict[str, dict]:
     return {name: json.loads(payload) for name, payload in FIGURE.findall(page)}
 
 
+def summary_shows(text: str, name: str, value: float) -> bool:
+    """Does the text summary ``text`` have a row for metric ``name`` whose first value is ``value``?"""
+    return re.search(rf"{re.escape(name)}\s+│\s+{value:.4f}", text) is not None
+
+
+def registered_run(out: Path, registration, **sample_args) -> tuple[Path, str, str]:
+    """A sample run written under ``registration`` (the ``with`` block of a registered reward term or mode),
+    its HTML report page and its text summary."""
+    from rich.console import Console
+
+    from rl.dashboard import RunReader, print_summary, write_report
+    from rl.dashboard.sample_run import write_sample_run
+
+    with registration:  # registered for this block only
+        run_dir = write_sample_run(out, steps=3, **sample_args)
+        page = write_report(run_dir, run_dir / "report.html")[0].read_text(encoding="utf-8")
+        console = Console(record=True, width=200)
+        print_summary(RunReader(run_dir).read(), console)
+    return run_dir, page, console.export_text()
+
+
+def wandb_samples(run_dir: Path, registration) -> tuple[list[str], list[dict], list[list]]:
+    """The wandb mirror's sample columns, the run's records and their rows, under ``registration`` (the
+    ``with`` block of a registered reward term or mode)."""
+    from rl.dashboard import RunReader
+    from rl.dashboard.wandb_mirror import record_rows, sample_columns
+
+    with registration:
+        trajectories = RunReader(run_dir).read().trajectories
+        return sample_columns(), trajectories, record_rows(trajectories)
+
+
 def metrics_lines(run_dir: Path) -> list[dict]:
     """``metrics.jsonl`` read directly, independent of ``RunReader``."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -9,10 +9,10 @@ import pytest
 from rich.console import Console
 
 from data.tokenizer import build_tokenizer
-from rl.dashboard import RunReader, print_summary, write_report
+from rl.dashboard import RunReader
 from rollouts.protocol import Mode, registered_mode
 
-from .conftest import figures, metrics_lines
+from .conftest import figures, metrics_lines, registered_run, summary_shows, wandb_samples
 
 RECALL = Mode("recall", "no chunk: what it wrote so far", "#8c564b", "#efe4e1", visible="none")
 NOTE = "<recall>checking my notes</recall>"
@@ -34,15 +34,8 @@ def recall_tokens(tokenizer, text: str) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def mode_run(tmp_path_factory):
-    from rl.dashboard.sample_run import write_sample_run
-
-    with registered_mode(RECALL):  # registered for this block only
-        out = tmp_path_factory.mktemp("modes") / "run"
-        run_dir = write_sample_run(out, steps=3, batch_size=6, rewrite=with_recall)
-        page = write_report(run_dir, run_dir / "report.html")[0].read_text(encoding="utf-8")
-        console = Console(record=True, width=200)
-        print_summary(RunReader(run_dir).read(), console)
-    return run_dir, page, console.export_text()
+    out = tmp_path_factory.mktemp("modes") / "run"
+    return registered_run(out, registered_mode(RECALL), batch_size=6, rewrite=with_recall)
 
 
 def test_the_logged_mode_mix_counts_its_tokens(mode_run):
@@ -70,21 +63,14 @@ def test_the_html_report_charts_and_highlights_it(mode_run):
 
 def test_the_text_summary_shows_it(mode_run):
     run_dir, _, text = mode_run
-    first = metrics_lines(run_dir)[0]["mode_mix/recall"]
-    assert re.search(rf"mode_mix/recall\s+│\s+{first:.4f}", text)
+    assert summary_shows(text, "mode_mix/recall", metrics_lines(run_dir)[0]["mode_mix/recall"])
 
 
 def test_the_wandb_samples_table_has_its_column(mode_run):
-    from rl.dashboard.wandb_mirror import record_rows, sample_columns
-
-    run_dir, _, _ = mode_run
     tokenizer = build_tokenizer()
-    with registered_mode(RECALL):
-        columns = sample_columns()
-        run = RunReader(run_dir).read()
-        rows = record_rows(run.trajectories)
+    columns, records, rows = wandb_samples(mode_run[0], registered_mode(RECALL))
     at = columns.index("share_recall")
-    for row, record in zip(rows, run.trajectories, strict=True):
+    for row, record in zip(rows, records, strict=True):
         count, total = recall_tokens(tokenizer, record["completion_text"])
         assert row[at] == pytest.approx(count / total)
 

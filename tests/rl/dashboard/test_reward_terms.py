@@ -9,9 +9,9 @@ import pytest
 from rich.console import Console
 
 from rewards import RewardTerm, registered, score_trajectories
-from rl.dashboard import RunReader, print_summary, write_report
+from rl.dashboard import RunReader
 
-from .conftest import figures, metrics_lines
+from .conftest import figures, metrics_lines, registered_run, summary_shows, wandb_samples
 
 
 def short_answer(parsed, example, reads):
@@ -25,14 +25,8 @@ def by_hand(record: dict) -> float:
 
 @pytest.fixture(scope="module")
 def term_run(tmp_path_factory):
-    from rl.dashboard.sample_run import write_sample_run
-
-    with registered(RewardTerm("short", short_answer, weight=0.0)):  # registered for this block only
-        run_dir = write_sample_run(tmp_path_factory.mktemp("terms") / "run", steps=3, batch_size=8)
-        page = write_report(run_dir, run_dir / "report.html")[0].read_text(encoding="utf-8")
-        console = Console(record=True, width=200)
-        print_summary(RunReader(run_dir).read(), console)
-    return run_dir, page, console.export_text()
+    out = tmp_path_factory.mktemp("terms") / "run"
+    return registered_run(out, registered(RewardTerm("short", short_answer, weight=0.0)), batch_size=8)
 
 
 def test_the_logged_metrics_and_records_carry_it(term_run):
@@ -54,20 +48,15 @@ def test_the_html_report_charts_it_and_lists_it_per_sample(term_run):
 
 def test_the_text_summary_shows_it(term_run):
     run_dir, _, text = term_run
-    first = metrics_lines(run_dir)[0]["reward/short"]
-    assert re.search(rf"reward/short\s+│\s+{first:.4f}", text)
+    assert summary_shows(text, "reward/short", metrics_lines(run_dir)[0]["reward/short"])
 
 
 def test_the_wandb_samples_table_has_its_column(term_run):
-    from rl.dashboard.wandb_mirror import record_rows, sample_columns
-
-    run_dir, _, _ = term_run
-    with registered(RewardTerm("short", short_answer, weight=0.0)):
-        columns = sample_columns()
-        run = RunReader(run_dir).read()
-        rows = record_rows(run.trajectories)
+    columns, records, rows = wandb_samples(
+        term_run[0], registered(RewardTerm("short", short_answer, weight=0.0))
+    )
     at = columns.index("short")
-    assert [row[at] for row in rows] == [by_hand(t) for t in run.trajectories]
+    assert [row[at] for row in rows] == [by_hand(t) for t in records]
 
 
 def test_heed_evals_table_and_file_have_it(tokenizer, token_table):
