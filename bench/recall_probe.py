@@ -1,12 +1,13 @@
 """Does a small decoder learn associative recall, and how fast? The skill Heed's base model must have before a
 needle in a long context can teach it anything, measured on the purest data for it.
 
-    .venv/bin/python -m bench.recall_probe [--keys magic|word] [--layers 4] [--hidden 128] [--steps 3500]
+    .venv/bin/python -m bench.recall_probe [--keys magic|word] [--adjacent] [--layers 4] [--steps 3500]
 
 It trains a randomly initialised Qwen3-architecture model of the tiny default's shape (``rl.model``, the
 shipped tokenizer) on terse lookup tables only: 2-4 facts ``" silver-owl: 63."`` (``--keys magic``: the
 tasks' hyphenated keys, three to five tokens each; ``--keys word``: single-token words), then the same keys
-asked again in any order, ``--batch`` rows of 128 tokens a step, AdamW at ``--lr`` after 100 warm-up
+asked again in any order (``--adjacent``: ``" silver-owl 63."``, the value
+right after its key, as an induction head matches), ``--batch`` rows of 128 tokens a step, AdamW at ``--lr`` after 100 warm-up
 steps. Every ``--every`` steps it prints, over 60 fixed held-out tables of 2-4 and of 5-8 keys, two
 teacher-forced rates at the answer token:
 
@@ -29,6 +30,7 @@ import time
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", choices=("magic", "word"), default="magic")
+    ap.add_argument("--adjacent", action="store_true", help="no ':' between a key and its value")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -59,8 +61,9 @@ def main() -> None:
         n = rng.randint(low, high)
         keys = magic_keys(rng, n) if args.keys == "magic" else rng.sample(words, n)
         value = dict(zip(keys, map(str, rng.sample(range(10, 100), n)), strict=True))
-        facts = "".join(f" {k}: {value[k]}." for k in keys)
-        asked = "\n".join(f" {k}: {value[k]}." for k in rng.choices(keys, k=n))
+        sep = " " if args.adjacent else ": "
+        facts = "".join(f" {k}{sep}{value[k]}." for k in keys)
+        asked = "\n".join(f" {k}{sep}{value[k]}." for k in rng.choices(keys, k=n))
         return f"{facts}\n\n{asked}\n", list(value.values())
 
     def batch(rng: random.Random, seq_len: int = 128) -> torch.Tensor:
@@ -82,7 +85,7 @@ def main() -> None:
             pred = model(ids).logits[0].argmax(-1)
             value_ids = {tok.convert_tokens_to_ids("Ġ" + v) for v in values}
             body = text.index("\n\n")
-            for m in re.finditer(r": (\d+)\.", text[body:]):
+            for m in re.finditer(r" (\d+)\.", text[body:]):  # numbers are values only
                 start = body + m.start(1) - 1  # the value's token starts at its space
                 j = next(k for k, (a, b) in enumerate(enc["offset_mapping"]) if a <= start < b)
                 total += 1
@@ -91,7 +94,9 @@ def main() -> None:
         return f"acc {right / total:.2f} copy {copied / total:.2f}"
 
     params = sum(p.numel() for p in model.parameters())
-    print(f"recall probe: {args.keys} keys, {params / 1e6:.2f}M parameters, {args.batch} x 128 tokens a step")
+    print(
+        f"recall probe: {args.keys} keys{', adjacent' if args.adjacent else ''}, {params / 1e6:.2f}M parameters, {args.batch} x 128 tokens a step"
+    )
     rng, started = random.Random(0), time.perf_counter()
     for step in range(1, args.steps + 1):
         for group in opt.param_groups:
