@@ -61,7 +61,7 @@ MODE_TABLE: tuple[Mode, ...] = (
 )
 MODES = tuple(mode.name for mode in MODE_TABLE)  # the built-in names (the parser's GLOBAL, FOCUS, ...)
 MODE_BY_NAME = {mode.name: mode for mode in MODE_TABLE}
-_RESERVED = ("answer", "think")  # tag names of the protocol that are no mode
+OTHER_TAG_NAMES = ("answer", "think")  # the protocol's tag names that are no mode (parser.tag_names)
 
 _registered: dict[str, Mode] = {}
 _generation = [0]  # bumped at every (un)registration: the parser's tag tables are cached per generation
@@ -72,8 +72,8 @@ def register_mode(mode: Mode) -> None:
     from .instructions import PROTOCOL_VERSIONS
 
     name = mode.name
-    if not (name.isascii() and name.isalpha() and name.islower()) or name in _RESERVED:
-        raise ValueError(f"mode name {name!r} must be lower-case letters, not {' or '.join(_RESERVED)}")
+    if not (name.isascii() and name.isalpha() and name.islower()) or name in OTHER_TAG_NAMES:
+        raise ValueError(f"mode name {name!r} must be lower-case letters, not {' or '.join(OTHER_TAG_NAMES)}")
     if name in MODE_BY_NAME or name in _registered:
         raise ValueError(f"a mode named {name!r} exists already")
     if mode.visible == "listed":

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .instructions import PROTOCOL_VERSION, PROTOCOL_VERSIONS
-from .modes import MODES, generation, mode_names, mode_table
+from .modes import MODES, OTHER_TAG_NAMES, generation, mode_names, mode_table
 
 MAX_TAG_CHARS = 256  # a `<focus ...>` candidate longer than this is plain text (bounds buffering)
 
@@ -151,7 +151,7 @@ def tag_names() -> tuple[str, ...]:
     >>> tag_names()
     ('global', 'focus', 'local', 'index', 'answer', 'think')
     """
-    return (*mode_names(), "answer", "think")
+    return (*mode_names(), *OTHER_TAG_NAMES)
 
 
 def _prefixes(words) -> frozenset[str]:
