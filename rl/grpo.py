@@ -37,7 +37,8 @@ Rewards are :mod:`rewards` (the composite DA reward and each component, logged a
 ``rewards/<component>_reward/mean``). Each completion is scored once, where it is generated
 (:meth:`HeedGRPOTrainer.score_rollouts`); the rollout hands the scores to TRL's reward functions and to
 the dashboards. The batch's mode mix, KV reads and sampled trajectories go to the run directory the
-dashboards read (``rl/dashboard/run_dir.py``).
+dashboards read (``rl/dashboard/run_dir.py``), with the seconds each step spent generating, scoring,
+syncing and updating (``rl/step_timing.py``).
 
 Multi-process training: rank 0 owns the pool; the other ranks' prompts are gathered, generated in one
 pool call and scattered back (each rank keeps its slice), so a data-parallel step samples exactly what
@@ -61,6 +62,7 @@ from rewards import RewardBreakdown
 from rewards.config import RewardConfig
 from rewards.trl_rewards import REWARD_COLUMN, DAReward
 from rl.logprobs import masked_completion_logps, shared_completion_logps
+from rl.step_timing import StepTimer
 from rollouts.engines.base import RolloutRequest
 from rollouts.masks import CompletionTrace, trace_completion
 from rollouts.protocol import DEFAULT_LAYOUT, LayoutSettings, PromptLayout, token_bytes_table
@@ -169,9 +171,15 @@ class DARollout:
         all_ids = gather_object(example_ids) if accelerator.num_processes > 1 else example_ids
         started = time.perf_counter()
         payload: list[Any] = [None]
+        timing: dict[str, float] = {}  # rank 0's generate and reward seconds (rl/step_timing.py)
         if accelerator.is_main_process:
             batch = [self._trainable(t) for t in self.pool.generate(self.requests(all_ids, trainer))]
+            generated = time.perf_counter()
             payload = [(batch, trainer.score_rollouts(batch))]  # each completion scored once, here
+            timing = {
+                "timing/generate_s": generated - started,
+                "timing/reward_s": time.perf_counter() - generated,
+            }
         if accelerator.num_processes > 1:
             broadcast_object_list(payload, from_process=0)
         batch, rewards = payload[0]  # the whole generation batch, every rank's prompts in rank order
@@ -179,7 +187,9 @@ class DARollout:
             accelerator.process_index * len(example_ids), (accelerator.process_index + 1) * len(example_ids)
         )
         trajectories = batch[rows]  # this rank's rows
-        trainer.on_rollouts(trajectories, time.perf_counter() - started, batch=batch, rewards=rewards)
+        trainer.on_rollouts(
+            trajectories, time.perf_counter() - started, batch=batch, rewards=rewards, timing=timing
+        )
         return {
             "prompt_ids": [list(t.layout.input_ids) for t in trajectories],
             "completion_ids": [list(t.completion_ids) for t in trajectories],
@@ -266,6 +276,8 @@ class HeedGRPOTrainer(GRPOTrainer):
         self._active_traces: list[CompletionTrace] | None = None
         self._pending: dict[str, float | None] = {}
         self._sync_metrics: dict[str, float] = {}  # the latest weight push (rank 0)
+        self.step_timer = StepTimer()  # each step's seconds, with what took them (rl/step_timing.py)
+        self.add_callback(self.step_timer)
         self._pending_records: list[dict] = []
         self._rollout_traces: list[CompletionTrace] = []
         self.memory_loss = memory_loss
@@ -309,11 +321,13 @@ class HeedGRPOTrainer(GRPOTrainer):
         wall_time_s: float,
         batch: list[Trajectory] | None = None,
         rewards: list[RewardBreakdown] | None = None,
+        timing: Mapping[str, float] | None = None,
     ) -> None:
         """Called by :class:`DARollout` with this rank's rows of a generation batch: keep their traces
         (the old-policy and reference forwards run on them next); rank 0 records what the dashboards
         show for the whole ``batch`` (every rank's rows; default: ``trajectories``) and its ``rewards``
-        (:meth:`score_rollouts` of it; scored here when not given)."""
+        (:meth:`score_rollouts` of it; scored here when not given), with ``timing``, the batch's generate
+        and reward seconds (rl/step_timing.py)."""
         from rl.dashboard.records import step_metrics, trajectory_record
 
         self._rollout_traces = [t.trace for t in trajectories]
@@ -334,6 +348,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         # rollouts the pool gave up on (each scores 0); a replaced engine's requests are resubmitted, not lost
         self._pending.update(self._sync_metrics)  # the weight push before these rollouts, if any
         self._sync_metrics = {}
+        self._pending.update(timing or {})  # the batch's generate and reward seconds (rl/step_timing.py)
         self._pending["rollouts/failed"] = sum(t.finish_reason == "error" for t in trajectories)
         self._pending["rollouts/count"] = len(trajectories)
         if self.prompt_log is not None:
@@ -459,6 +474,7 @@ class HeedGRPOTrainer(GRPOTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # the latest generation batch's mode mix, KV reads and rewards reach wandb too
+            self._pending.update(self.step_timer.last)
             logs = {**logs, **{f"heed/{k}": v for k, v in self._pending.items() if v is not None}}
         self._log_samples_to_wandb()
         super().log(logs, start_time)

@@ -37,7 +37,9 @@ A run directory is plain files, append-only, readable while the run is still wri
   batch); ``rollouts/count``, ``rollouts/failed`` (rollouts the pool gave up on, each scored 0);
   ``rollouts/engines`` (live rollout engines at the weight push: fewer than configured after a node
   loss); ``aux_loss`` (a Selective Attention policy's L_mem in the GRPO loss; ``memory_loss`` in SFT);
-  ``throughput/tokens_per_s``. Other keys are kept (``Run.series`` reads any name), never an error.
+  ``throughput/tokens_per_s``; ``timing/step_s``, ``timing/optimizer_s``, ``timing/generate_s``,
+  ``timing/reward_s`` (seconds of the GRPO step and of its parts, ``rl/step_timing.py``). Other keys are
+  kept (``Run.series`` reads any name), never an error.
 
 ``trajectories/<name>.jsonl`` records (``records.trajectory_record`` writes them)::
 

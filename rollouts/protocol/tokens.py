@@ -17,7 +17,7 @@ from functools import lru_cache
 
 
 @lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """Inverse of GPT-2's bytes -> printable-unicode map used by byte-level BPE vocabularies."""
     printable = [
         *range(ord("!"), ord("~") + 1),
@@ -55,7 +55,7 @@ def token_bytes_table(tokenizer) -> list[bytes]:
     kinds = _decoder_kinds(tokenizer)
     table: list[bytes] = []
     if "ByteLevel" in kinds:
-        byte_of = _byte_decoder()
+        byte_of = byte_decoder()
 
         def to_bytes(token_id: int, tok: str) -> bytes:
             return bytes(byte_of[c] for c in tok) if all(c in byte_of for c in tok) else tok.encode()

@@ -133,6 +133,8 @@ def main(mode: str, port: str, out: Path) -> None:
             with torch.no_grad():
                 after = completion_logprobs(model, packed).sum(-1) / packed.completion_mask.sum(-1)
             shift = [float(a) - sum(t.logprobs) / len(t.logprobs) for a, t in zip(after, first)]
+        parts = ("step_s", "optimizer_s", "generate_s", "reward_s")
+        timing = [{k: h.get(f"heed/timing/{k}") for k in parts} for h in history]
         print("RESULT " + json.dumps({
             "da_mask": da_mask,
             "share_prompt": trainer.share_prompt,  # on by default: one forward row per prompt
@@ -148,6 +150,7 @@ def main(mode: str, port: str, out: Path) -> None:
             "logp_shift": shift,
             "generated": rollout.generated,  # completions the steps trained on
             "scored": scored[0],
+            "timing": timing,  # rl/step_timing.py, per step
             "registered_term": [h.get("rewards/short_answer_reward/mean") for h in history],  # rewards computed: once per completion (dashboards and loss share them)
         }), flush=True)  # fmt: skip
     pool.shutdown()

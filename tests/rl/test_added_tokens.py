@@ -75,19 +75,31 @@ def test_new_rows_are_the_mean_of_the_old_spelling(plain_tokenizer, tmp_path, ti
     assert torch.isfinite(model(ids).logits).all()
 
 
-def test_a_padded_embedding_keeps_its_size_and_fills_the_new_ids_in_place(plain_tokenizer, tmp_path):
-    padded = len(plain_tokenizer) + 64  # as Qwen3's 151,936 rows for 151,669 tokens
-    model = model_for(plain_tokenizer, tmp_path, vocab_size=padded)
+@pytest.mark.parametrize("vocabulary", ["local", "qwen3"])
+def test_a_padded_embedding_keeps_its_size_and_fills_the_new_ids_in_place(
+    plain_tokenizer, tmp_path, vocabulary
+):
+    """The local BPE with 64 spare rows, and Qwen3's layout: 151,669 tokens in 151,936 tied rows."""
+    from data.qwen3_tokenizer import QWEN3_EMBEDDING_ROWS, build_qwen3_sized_tokenizer
+
+    before = plain_tokenizer if vocabulary == "local" else build_qwen3_sized_tokenizer()
+    padded = len(before) + 64 if vocabulary == "local" else QWEN3_EMBEDDING_ROWS
+    model = model_for(before, tmp_path, vocab_size=padded)
     old = model.get_input_embeddings().weight.detach().clone()
-    after = copy.deepcopy(plain_tokenizer)
+    after = copy.deepcopy(before)
     add_protocol_tokens(after)
-    spellings = protocol_spellings(plain_tokenizer, after)
+    spellings = protocol_spellings(before, after)
+    assert sorted(spellings) == list(
+        range(len(before), len(after))
+    )  # past every earlier token, inside the rows
     grow_embeddings(model, spellings)
     weight = model.get_input_embeddings().weight
     assert weight.shape[0] == padded == model.config.vocab_size
+    assert model.get_output_embeddings().weight is weight  # still tied
     for new, pieces in spellings.items():
         torch.testing.assert_close(weight[new], old[pieces].mean(0))
-    untouched = [i for i in range(padded) if i not in spellings]
+    untouched = torch.ones(padded, dtype=torch.bool)
+    untouched[list(spellings)] = False
     torch.testing.assert_close(weight[untouched], old[untouched], rtol=0, atol=0)
 
 

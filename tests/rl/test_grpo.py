@@ -74,6 +74,16 @@ def test_each_completion_is_scored_once_per_step(jobs):
             assert all(0.0 <= v <= 1.0 for v in result["registered_term"]), result["registered_term"]
 
 
+def test_each_step_says_where_its_time_went(jobs):
+    """rl/step_timing.py: every step generated a batch, so each part was measured, and the parts (measured
+    by other clocks: the rollout's and the optimizer's hooks) lie inside the step that contains them."""
+    for mode in MODES:
+        for timing in jobs(mode)[0]["timing"]:
+            assert all(v is not None and v > 0 for v in timing.values()), (mode, timing)
+            parts = timing["generate_s"] + timing["reward_s"] + timing["optimizer_s"]
+            assert parts < timing["step_s"], (mode, timing)
+
+
 def test_grpo_steps_update_the_policy(plain):
     masked, _ = plain
     assert masked["accuracy"] == [0.5, 0.5]  # gold half right, sampled half wrong: a reward spread
