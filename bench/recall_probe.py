@@ -1,13 +1,15 @@
 """Does a small decoder learn associative recall, and how fast? The skill Heed's base model must have before a
 needle in a long context can teach it anything, measured on the purest data for it.
 
-    .venv/bin/python -m bench.recall_probe [--keys magic|word] [--adjacent] [--layers 4] [--steps 3500]
+    .venv/bin/python -m bench.recall_probe [--keys magic|word] [--adjacent] [--first N] [--layers 4] [--steps 3500]
+    .venv/bin/python -m bench.recall_probe --checkpoint runs/pretrain/checkpoint.pt   # a pretraining run's rates
 
 It trains a randomly initialised Qwen3-architecture model of the tiny default's shape (``rl.model``, the
 shipped tokenizer) on terse lookup tables only: 2-4 facts ``" silver-owl: 63."`` (``--keys magic``: the
 tasks' hyphenated keys, three to five tokens each; ``--keys word``: single-token words), then the same keys
 asked again in any order (``--adjacent``: ``" silver-owl 63."``, the value
-right after its key, as an induction head matches), ``--batch`` rows of 128 tokens a step, AdamW at ``--lr`` after 100 warm-up
+right after its key, as an induction head matches; ``--first N``: adjacent single-token tables for the first N
+steps whatever the other flags say, a curriculum), ``--batch`` rows of 128 tokens a step, AdamW at ``--lr`` after 100 warm-up
 steps. Every ``--every`` steps it prints, over 60 fixed held-out tables of 2-4 and of 5-8 keys, two
 teacher-forced rates at the answer token:
 
@@ -36,7 +38,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3500)
+    ap.add_argument("--first", type=int, default=0, help="steps of adjacent single-token tables first")
     ap.add_argument("--every", type=int, default=500)
+    ap.add_argument("--checkpoint", help="no training: the rates of a `heed pretrain` RUN_DIR/checkpoint.pt")
     args = ap.parse_args()
 
     import torch
@@ -57,21 +61,22 @@ def main() -> None:
     sep = tok.convert_tokens_to_ids("<|endoftext|>")
     words = sorted({t[1:] for t in tok.get_vocab() if t.startswith("Ġ") and t[1:].isalpha() and len(t) > 3})
 
-    def table(rng: random.Random, low: int, high: int) -> tuple[str, list[str]]:
+    def table(rng: random.Random, low: int, high: int, easy: bool = False) -> tuple[str, list[str]]:
+        """A table and its values; ``easy``: adjacent single-token keys, whatever the flags say."""
         n = rng.randint(low, high)
-        keys = magic_keys(rng, n) if args.keys == "magic" else rng.sample(words, n)
+        keys = magic_keys(rng, n) if args.keys == "magic" and not easy else rng.sample(words, n)
         value = dict(zip(keys, map(str, rng.sample(range(10, 100), n)), strict=True))
-        sep = " " if args.adjacent else ": "
+        sep = " " if args.adjacent or easy else ": "
         facts = "".join(f" {k}{sep}{value[k]}." for k in keys)
         asked = "\n".join(f" {k}{sep}{value[k]}." for k in rng.choices(keys, k=n))
         return f"{facts}\n\n{asked}\n", list(value.values())
 
-    def batch(rng: random.Random, seq_len: int = 128) -> torch.Tensor:
+    def batch(rng: random.Random, easy: bool, seq_len: int = 128) -> torch.Tensor:
         rows = []
         for _ in range(args.batch):
             row: list[int] = []
             while len(row) < seq_len:
-                row += tok(table(rng, 2, 4)[0], add_special_tokens=False)["input_ids"] + [sep]
+                row += tok(table(rng, 2, 4, easy)[0], add_special_tokens=False)["input_ids"] + [sep]
             rows.append(row[:seq_len])
         return torch.tensor(rows)
 
@@ -93,6 +98,12 @@ def main() -> None:
                 copied += int(int(pred[j - 1]) in value_ids)
         return f"acc {right / total:.2f} copy {copied / total:.2f}"
 
+    if args.checkpoint:  # a pretraining run of this shape (configs/base/tiny-base.yaml's)
+        state = torch.load(args.checkpoint, weights_only=True)
+        model.load_state_dict(state["model"])
+        model.eval()
+        print(f"{args.checkpoint} (step {state['step']}) | 2-4 keys: {rates(2, 4)} | 5-8 keys: {rates(5, 8)}")
+        return
     params = sum(p.numel() for p in model.parameters())
     print(
         f"recall probe: {args.keys} keys{', adjacent' if args.adjacent else ''}, {params / 1e6:.2f}M parameters, {args.batch} x 128 tokens a step"
@@ -101,7 +112,7 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         for group in opt.param_groups:
             group["lr"] = args.lr * min(1.0, step / 100)
-        x = batch(rng)
+        x = batch(rng, easy=step <= args.first)
         loss = model(input_ids=x, labels=x).loss
         opt.zero_grad()
         loss.backward()

@@ -21,12 +21,14 @@ facts the tasks use, so everything a task asks about is something the base has r
 Batches are a pure function of (seed, step): :func:`batch` draws documents from ``Random(seed, step)`` and
 packs their tokens, each document closed by the tokenizer's ``<|endoftext|>``, into ``batch_size`` rows of
 ``seq_len`` tokens, dropping what does not fit. A resumed run therefore sees the same batches as an
-uninterrupted one, with no data file to keep. What is left out: documents longer than ``seq_len`` (the
-context lengths are sized below it) and any curriculum over lengths.
+uninterrupted one, with no data file to keep. :meth:`Corpus.warmup_batch` packs only the easiest recall
+tables (``recall_table``), what a pretraining run starts on. What is left out: documents longer than
+``seq_len`` (the context lengths are sized below it) and any curriculum over lengths.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from dataclasses import dataclass, field
@@ -104,12 +106,20 @@ class Corpus:
 
     def batch(self, seed: int, step: int, batch_size: int, seq_len: int) -> torch.Tensor:
         """``[batch_size, seq_len]`` token ids of step ``step`` (the same for the same arguments)."""
-        rng = random.Random(f"{seed}/{step}")
+        return self._pack(random.Random(f"{seed}/{step}"), self.document, batch_size, seq_len)
+
+    def warmup_batch(self, seed: int, step: int, batch_size: int, seq_len: int) -> torch.Tensor:
+        """A batch of :meth:`recall_table` documents only: what a pretraining run starts on (its
+        ``recall_warmup_steps``) so that recall forms before the corpus's longer forms need it."""
+        rng = random.Random(f"{seed}/warmup/{step}")
+        return self._pack(rng, lambda r: self._ids(self.recall_table(r)), batch_size, seq_len)
+
+    def _pack(self, rng: random.Random, document, batch_size: int, seq_len: int) -> torch.Tensor:
         rows = []
         for _ in range(batch_size):
             row: list[int] = []
             while len(row) < seq_len:
-                row += self.document(rng) + [self.separator]
+                row += document(rng) + [self.separator]
             rows.append(row[:seq_len])
         return torch.tensor(rows, dtype=torch.long)
 
@@ -193,6 +203,21 @@ class Corpus:
             lines = [f"The magic number of {k} is {values[k]}." for k in asked]
         return "".join(facts) + "\n\n" + "\n".join(lines) + "\n"
 
+    def recall_table(self, rng: random.Random) -> str:
+        """The easiest associative recall: 2-4 words of the word list (one token each after a space), each
+        followed at once by its number (``" owl 63."``), then the words asked again in any order with their
+        numbers. An induction head solves it by matching one token back; a small model learns that here in
+        a few million tokens, and the binding carries over to the corpus's ``key: value`` tables, which it
+        does not learn from the start in that budget (bench/BENCHMARKS.md, "Copying is learned, binding is
+        not")."""
+        digits = self.config.value_digits
+        n = rng.randint(2, 4)
+        keys = rng.sample(_word_list(), n)
+        numbers = rng.sample(range(10 ** (digits - 1), 10**digits), n)
+        value = dict(zip(keys, map(str, numbers), strict=True))
+        facts = "".join(f" {k} {value[k]}." for k in keys)
+        return facts + "\n\n" + "\n".join(f" {k} {value[k]}." for k in rng.choices(keys, k=n)) + "\n"
+
     # -- layouts ---------------------------------------------------------------------------------------
 
     def prompt(self, context: Context) -> list[int]:
@@ -245,6 +270,13 @@ def _answer(rng: random.Random, qa: QA, cite: bool) -> str:
             ("Magic Chunk {c} says {v}.", "It is in Magic Chunk {c}: {v}.", "Magic Chunk {c}: {v}.")
         ).format(c=qa.chunk, v=value)
     return rng.choice(("The number is {v}.", "It is {v}.", "The magic number is {v}.")).format(v=value)
+
+
+@functools.cache
+def _word_list() -> list[str]:
+    from .tokenizer import word_list
+
+    return sorted(set(word_list()))
 
 
 def _value(fact: str) -> str:

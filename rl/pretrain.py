@@ -52,6 +52,9 @@ class PretrainConfig:
     seq_len: int = 1024  # tokens a row; the corpus's longest document (24 chunks) is ~800
     batch_size: int = 8  # rows a step
     max_steps: int = 2000
+    # the first steps train on the easiest recall tables only (data.corpus.Corpus.warmup_batch): binding a
+    # value to its key forms there first and carries over to the corpus (bench/BENCHMARKS.md); 0: none
+    recall_warmup_steps: int = 0
     learning_rate: float = 3.0e-3  # peak
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1  # the cosine decays to this share of the peak
@@ -64,6 +67,7 @@ class PretrainConfig:
     card_examples: int = 48  # questions per task and phrasing family the card's answering check asks
 
     def __post_init__(self):
+        check(self.recall_warmup_steps >= 0, "recall_warmup_steps", "must be >= 0")
         for name in (
             "seq_len",
             "batch_size",
@@ -176,7 +180,7 @@ class Pretraining:
         cfg = self.config
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(cfg, self.step)
-        batch = self.corpus.batch(cfg.seed, self.step, cfg.batch_size, cfg.seq_len)  # [B, T]
+        batch = self.batch(self.step)  # [B, T]
         self.model.train()
         loss = self.model(input_ids=batch, labels=batch).loss
         self.optimizer.zero_grad(set_to_none=True)
@@ -186,6 +190,13 @@ class Pretraining:
         self.step += 1
         self.tokens += batch.numel()
         return loss.item()
+
+    def batch(self, step: int) -> torch.Tensor:
+        """``[batch_size, seq_len]`` token ids of ``step``: recall tables during ``recall_warmup_steps``,
+        then the corpus."""
+        cfg = self.config
+        draw = self.corpus.warmup_batch if step < cfg.recall_warmup_steps else self.corpus.batch
+        return draw(cfg.seed, step, cfg.batch_size, cfg.seq_len)
 
     @torch.no_grad()
     def heldout_loss(self, model=None) -> float:

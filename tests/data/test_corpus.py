@@ -103,3 +103,27 @@ def test_a_lookup_tables_answers_follow_from_its_facts(corpus, seed):
     answered = re.findall(r"([a-z]+-[a-z]+)[^\n]*\n?(?:Answer: | is |: )(\d+)\.", asked)
     assert answered and all(values[k] == v for k, v in answered)
     assert not any(tag in text for tag in TAGS)
+
+
+@given(seed=st.integers(0, 10**6))
+def test_a_recall_table_asks_each_word_for_the_number_right_after_it(corpus, tokenizer, seed):
+    """Hand-read: the facts are (word, number) pairs, each word one token after a space; every asked line
+    repeats a fact."""
+    facts, _, asked = corpus.recall_table(random.Random(seed)).partition("\n\n")
+    pairs = re.findall(r" ([a-z]+) (\d\d)\.", facts)
+    assert 2 <= len(pairs) <= 4 and "".join(f" {w} {n}." for w, n in pairs) == facts
+    values = dict(pairs)
+    assert len(values) == len(pairs)  # no word twice
+    assert all(len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1 for w in values)
+    lines = asked.strip("\n").split("\n")
+    assert len(lines) == len(pairs)
+    assert all(re.fullmatch(r" ([a-z]+) (\d\d)\.", line).groups() in pairs for line in lines)
+
+
+def test_warmup_batches_are_recall_tables_and_a_function_of_seed_and_step(corpus, tokenizer):
+    a = corpus.warmup_batch(seed=0, step=3, batch_size=2, seq_len=128)
+    assert (a == corpus.warmup_batch(seed=0, step=3, batch_size=2, seq_len=128)).all()
+    assert not (a == corpus.warmup_batch(seed=0, step=4, batch_size=2, seq_len=128)).all()
+    text = tokenizer.decode(a[0])
+    for document in text.split("<|endoftext|>")[:-1]:  # the last one is cut at seq_len
+        assert re.fullmatch(r"( [a-z]+ \d\d\.)+\n\n( [a-z]+ \d\d\.\n)+", document), document

@@ -94,3 +94,14 @@ def test_a_bad_key_is_named():
         load_pretrain_config("configs/base/tiny-base.yaml", ["max_step=3"])
     with pytest.raises(ConfigError, match="batch_size"):
         load_pretrain_config("configs/base/tiny-base.yaml", ["batch_size=0"])
+
+
+def test_the_first_steps_train_on_recall_tables_then_the_corpus(tmp_path):
+    run = Pretraining(config(tmp_path, "w", "recall_warmup_steps=2"))
+    run.setup(resume=False)
+    cfg = run.config
+    assert torch.equal(run.batch(1), run.corpus.warmup_batch(cfg.seed, 1, cfg.batch_size, cfg.seq_len))
+    assert torch.equal(run.batch(2), run.corpus.batch(cfg.seed, 2, cfg.batch_size, cfg.seq_len))
+    assert not torch.equal(run.batch(1), run.corpus.batch(cfg.seed, 1, cfg.batch_size, cfg.seq_len))
+    with pytest.raises(ConfigError, match="recall_warmup_steps"):
+        config(tmp_path, "bad", "recall_warmup_steps=-1")
