@@ -108,11 +108,18 @@ class Corpus:
         """``[batch_size, seq_len]`` token ids of step ``step`` (the same for the same arguments)."""
         return self._pack(random.Random(f"{seed}/{step}"), self.document, batch_size, seq_len)
 
-    def warmup_batch(self, seed: int, step: int, batch_size: int, seq_len: int) -> torch.Tensor:
-        """A batch of :meth:`recall_table` documents only: what a pretraining run starts on (its
-        ``recall_warmup_steps``) so that recall forms before the corpus's longer forms need it."""
-        rng = random.Random(f"{seed}/warmup/{step}")
-        return self._pack(rng, lambda r: self._ids(self.recall_table(r)), batch_size, seq_len)
+    def warmup_batch(
+        self, seed: int, step: int, batch_size: int, seq_len: int, terse_share: float = 0.0
+    ) -> torch.Tensor:
+        """A batch of :meth:`recall_table` documents only, ``terse_share`` of them in the tasks' terse form:
+        what a pretraining run starts on (its ``recall_warmup``) so that recall forms before the corpus's
+        longer forms need it."""
+
+        def table(r: random.Random) -> list[int]:
+            terse = terse_share > 0 and r.random() < terse_share  # no draw when 0: the same batches
+            return self._ids(self.recall_table(r, terse=terse))
+
+        return self._pack(random.Random(f"{seed}/warmup/{step}"), table, batch_size, seq_len)
 
     def _pack(self, rng: random.Random, document, batch_size: int, seq_len: int) -> torch.Tensor:
         rows = []
@@ -203,20 +210,21 @@ class Corpus:
             lines = [f"The magic number of {k} is {values[k]}." for k in asked]
         return "".join(facts) + "\n\n" + "\n".join(lines) + "\n"
 
-    def recall_table(self, rng: random.Random) -> str:
+    def recall_table(self, rng: random.Random, terse: bool = False) -> str:
         """The easiest associative recall: 2-4 words of the word list (one token each after a space), each
         followed at once by its number (``" owl 63."``), then the words asked again in any order with their
         numbers. An induction head solves it by matching one token back; a small model learns that here in
-        a few million tokens, and the binding carries over to the corpus's ``key: value`` tables, which it
-        does not learn from the start in that budget (bench/BENCHMARKS.md, "Copying is learned, binding is
-        not")."""
+        a few million tokens, and the binding carries over to the ``terse`` form, the tasks' keys and a colon
+        (``" silver-owl: 63."``), which it does not learn from the start in that budget (bench/BENCHMARKS.md,
+        "Copying is learned, binding is not")."""
         digits = self.config.value_digits
         n = rng.randint(2, 4)
-        keys = rng.sample(_word_list(), n)
+        keys = magic_keys(rng, n) if terse else rng.sample(_word_list(), n)
         numbers = rng.sample(range(10 ** (digits - 1), 10**digits), n)
         value = dict(zip(keys, map(str, numbers), strict=True))
-        facts = "".join(f" {k} {value[k]}." for k in keys)
-        return facts + "\n\n" + "\n".join(f" {k} {value[k]}." for k in rng.choices(keys, k=n)) + "\n"
+        sep = ": " if terse else " "
+        facts = "".join(f" {k}{sep}{value[k]}." for k in keys)
+        return facts + "\n\n" + "\n".join(f" {k}{sep}{value[k]}." for k in rng.choices(keys, k=n)) + "\n"
 
     # -- layouts ---------------------------------------------------------------------------------------
 

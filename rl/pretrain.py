@@ -38,6 +38,32 @@ CARD_RESULTS = (
 
 
 @dataclass(kw_only=True)
+class RecallWarmup:
+    """The first ``steps`` of a run train on the easiest recall tables only (``Corpus.warmup_batch``), in
+    rows of their own shape: binding a value to its key forms there first and carries over to the corpus's
+    tables and questions (bench/BENCHMARKS.md, "Copying is learned, binding is not"). What it needs is
+    updates, not tokens, so its rows are short."""
+
+    steps: int = 0  # 0: no warm-up
+    batch_size: int = 8  # rows a warm-up step
+    seq_len: int = 128  # tokens a warm-up row
+    # after the warm-up every step also trains on a batch of its tables (the losses added): the corpus's
+    # gradients otherwise undo the binding before the corpus's own forms can use it
+    replay: bool = False
+    # from step `terse_after` on (and in replay), this share of the tables is in the tasks' form
+    # (" silver-owl: 63."): the step from the easiest binding towards the corpus's forms
+    terse_share: float = 0.0
+    terse_after: int = 0
+
+    def __post_init__(self):
+        check(self.steps >= 0, "recall_warmup.steps", "must be >= 0")
+        check(self.batch_size >= 1, "recall_warmup.batch_size", "must be >= 1")
+        check(self.seq_len >= 16, "recall_warmup.seq_len", "must be >= 16 (a table is ~20-40 tokens)")
+        check(0 <= self.terse_share <= 1, "recall_warmup.terse_share", "must be in [0, 1]")
+        check(self.terse_after >= 0, "recall_warmup.terse_after", "must be >= 0")
+
+
+@dataclass(kw_only=True)
 class PretrainConfig:
     """One `heed pretrain` run; every key a comment."""
 
@@ -52,9 +78,7 @@ class PretrainConfig:
     seq_len: int = 1024  # tokens a row; the corpus's longest document (24 chunks) is ~800
     batch_size: int = 8  # rows a step
     max_steps: int = 2000
-    # the first steps train on the easiest recall tables only (data.corpus.Corpus.warmup_batch): binding a
-    # value to its key forms there first and carries over to the corpus (bench/BENCHMARKS.md); 0: none
-    recall_warmup_steps: int = 0
+    recall_warmup: RecallWarmup = field(default_factory=RecallWarmup)  # the first steps' tables
     learning_rate: float = 3.0e-3  # peak
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1  # the cosine decays to this share of the peak
@@ -67,7 +91,6 @@ class PretrainConfig:
     card_examples: int = 48  # questions per task and phrasing family the card's answering check asks
 
     def __post_init__(self):
-        check(self.recall_warmup_steps >= 0, "recall_warmup_steps", "must be >= 0")
         for name in (
             "seq_len",
             "batch_size",
@@ -94,17 +117,27 @@ def load_pretrain_config(path: str | Path, overrides=()) -> PretrainConfig:
 
 
 def learning_rate(config: PretrainConfig, step: int) -> float:
-    """Linear warm-up to the peak, then a cosine to ``min_lr_ratio`` of it at ``max_steps``.
+    """Linear warm-up to the peak, then a cosine to ``min_lr_ratio`` of it at ``max_steps``; after a recall
+    warm-up the corpus's first ``warmup_steps`` ramp up again from zero, so the new distribution's first
+    large gradients do not overwrite what the tables taught.
 
     >>> c = PretrainConfig(max_steps=100, warmup_steps=10, learning_rate=1.0, min_lr_ratio=0.1)
     >>> learning_rate(c, 0), learning_rate(c, 9), round(learning_rate(c, 100), 6)
     (0.1, 1.0, 0.1)
+    >>> c = PretrainConfig(max_steps=100, warmup_steps=10, learning_rate=1.0, min_lr_ratio=0.1,
+    ...                    recall_warmup=RecallWarmup(steps=20))
+    >>> round(learning_rate(c, 19), 3), round(learning_rate(c, 20), 3), round(learning_rate(c, 29), 3)
+    (0.978, 0.097, 0.905)
     """
     if step < config.warmup_steps:
         return config.learning_rate * (step + 1) / config.warmup_steps
     done = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
     floor = config.min_lr_ratio
-    return config.learning_rate * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
+    lr = config.learning_rate * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
+    since_corpus = step - config.recall_warmup.steps
+    if config.recall_warmup.steps and 0 <= since_corpus < config.warmup_steps:
+        lr *= (since_corpus + 1) / config.warmup_steps
+    return lr
 
 
 class Pretraining:
@@ -180,23 +213,39 @@ class Pretraining:
         cfg = self.config
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(cfg, self.step)
-        batch = self.batch(self.step)  # [B, T]
+        batches = self.batches(self.step)  # each [B, T]
         self.model.train()
-        loss = self.model(input_ids=batch, labels=batch).loss
+        loss = sum(self.model(input_ids=b, labels=b).loss for b in batches)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
         self.step += 1
-        self.tokens += batch.numel()
+        self.tokens += sum(b.numel() for b in batches)
         return loss.item()
 
-    def batch(self, step: int) -> torch.Tensor:
-        """``[batch_size, seq_len]`` token ids of ``step``: recall tables during ``recall_warmup_steps``,
-        then the corpus."""
-        cfg = self.config
-        draw = self.corpus.warmup_batch if step < cfg.recall_warmup_steps else self.corpus.batch
-        return draw(cfg.seed, step, cfg.batch_size, cfg.seq_len)
+    def batches(self, step: int) -> list[torch.Tensor]:
+        """The token ids ``step`` trains on: ``[recall_warmup.batch_size, recall_warmup.seq_len]`` recall
+        tables during the warm-up, then ``[batch_size, seq_len]`` of the corpus (with a batch of tables
+        beside it under ``recall_warmup.replay``)."""
+        cfg, warmup = self.config, self.config.recall_warmup
+        if step < warmup.steps:
+            return [self._tables(step)]
+        corpus = self.corpus.batch(cfg.seed, step, cfg.batch_size, cfg.seq_len)
+        return [corpus, self._tables(step)] if warmup.replay else [corpus]
+
+    def _tables(self, step: int) -> torch.Tensor:
+        cfg, warmup = self.config, self.config.recall_warmup
+        terse = warmup.terse_share if step >= warmup.terse_after else 0.0
+        return self.corpus.warmup_batch(cfg.seed, step, warmup.batch_size, warmup.seq_len, terse)
+
+    def tokens_left(self) -> int:
+        """Tokens the steps still to run will train on."""
+        cfg, warmup = self.config, self.config.recall_warmup
+        in_warmup = max(0, warmup.steps - self.step)
+        in_corpus = max(0, cfg.max_steps - max(self.step, warmup.steps))
+        tables = (in_warmup + (in_corpus if warmup.replay else 0)) * warmup.batch_size * warmup.seq_len
+        return tables + in_corpus * cfg.batch_size * cfg.seq_len
 
     @torch.no_grad()
     def heldout_loss(self, model=None) -> float:
@@ -245,7 +294,7 @@ class Pretraining:
     def _progress(self, row: dict) -> None:
         cfg = self.config
         rate = row["tokens"] / max(row["seconds"], 1e-9)
-        left = (cfg.max_steps - self.step) * cfg.batch_size * cfg.seq_len / max(rate, 1e-9)
+        left = self.tokens_left() / max(rate, 1e-9)
         held = f" · held-out {row['heldout_loss']:.3f}" if "heldout_loss" in row else ""
         console.print(
             f"step {self.step}/{cfg.max_steps} · loss {row['loss']:.3f}{held} · {rate / 1e3:.1f}k tok/s · "

@@ -127,3 +127,20 @@ def test_warmup_batches_are_recall_tables_and_a_function_of_seed_and_step(corpus
     text = tokenizer.decode(a[0])
     for document in text.split("<|endoftext|>")[:-1]:  # the last one is cut at seq_len
         assert re.fullmatch(r"( [a-z]+ \d\d\.)+\n\n( [a-z]+ \d\d\.\n)+", document), document
+
+
+def test_terse_warmup_tables_are_the_tasks_form(corpus, tokenizer):
+    """``terse_share=1``: every table is ``" silver-owl: 63."`` records, every asked line one of them."""
+    text = tokenizer.decode(
+        corpus.warmup_batch(seed=0, step=3, batch_size=2, seq_len=256, terse_share=1.0)[0]
+    )
+    for document in text.split("<|endoftext|>")[:-1]:
+        facts, _, asked = document.partition("\n\n")
+        pairs = re.findall(r" ([a-z]+-[a-z]+): (\d\d)\.", facts)
+        assert 2 <= len(pairs) <= 4 and "".join(f" {k}: {v}." for k, v in pairs) == facts, document
+        assert all(re.fullmatch(r" ([a-z]+-[a-z]+): (\d\d)\.", line).groups() in pairs
+                   for line in asked.strip("\n").split("\n"))  # fmt: skip
+    mixed = tokenizer.decode(
+        corpus.warmup_batch(seed=0, step=3, batch_size=4, seq_len=256, terse_share=0.5).flatten()
+    )
+    assert ": " in mixed and re.search(r" [a-z]+ \d\d\.", mixed)

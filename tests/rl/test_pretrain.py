@@ -24,7 +24,7 @@ SMALL = [
     "model.hidden_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
     "model.num_key_value_heads=1", "model.intermediate_size=128", "seq_len=128", "batch_size=2",
     "max_steps=4", "warmup_steps=2", "log_every=1", "eval_every=2", "eval_batches=1", "save_every=2",
-    "card_examples=1", "threads=1",
+    "card_examples=1", "threads=1", "recall_warmup.steps=0", "recall_warmup.replay=false",
 ]  # fmt: skip
 
 
@@ -96,12 +96,37 @@ def test_a_bad_key_is_named():
         load_pretrain_config("configs/base/tiny-base.yaml", ["batch_size=0"])
 
 
-def test_the_first_steps_train_on_recall_tables_then_the_corpus(tmp_path):
-    run = Pretraining(config(tmp_path, "w", "recall_warmup_steps=2"))
+def test_the_first_steps_train_on_recall_tables_in_their_own_rows_then_the_corpus(tmp_path):
+    run = Pretraining(config(tmp_path, "w", "recall_warmup.steps=2", "recall_warmup.batch_size=3",
+                             "recall_warmup.seq_len=32", "max_steps=5"))  # fmt: skip
     run.setup(resume=False)
     cfg = run.config
-    assert torch.equal(run.batch(1), run.corpus.warmup_batch(cfg.seed, 1, cfg.batch_size, cfg.seq_len))
-    assert torch.equal(run.batch(2), run.corpus.batch(cfg.seed, 2, cfg.batch_size, cfg.seq_len))
-    assert not torch.equal(run.batch(1), run.corpus.batch(cfg.seed, 1, cfg.batch_size, cfg.seq_len))
-    with pytest.raises(ConfigError, match="recall_warmup_steps"):
-        config(tmp_path, "bad", "recall_warmup_steps=-1")
+    (tables,) = run.batches(1)
+    assert tables.shape == (3, 32) and torch.equal(tables, run.corpus.warmup_batch(cfg.seed, 1, 3, 32))
+    (corpus,) = run.batches(2)
+    assert torch.equal(corpus, run.corpus.batch(cfg.seed, 2, cfg.batch_size, cfg.seq_len))
+    # tokens still to train on: 2 warm-up steps of 3 x 32, then 3 corpus steps
+    assert run.tokens_left() == 2 * 3 * 32 + 3 * cfg.batch_size * cfg.seq_len
+    run.step = 4
+    assert run.tokens_left() == cfg.batch_size * cfg.seq_len
+    for bad in ("recall_warmup.steps=-1", "recall_warmup.seq_len=8"):
+        with pytest.raises(ConfigError, match="recall_warmup"):
+            config(tmp_path, "bad", bad)
+
+
+def test_replay_trains_each_corpus_step_on_a_batch_of_tables_too(tmp_path):
+    run = Pretraining(config(tmp_path, "r", "recall_warmup.steps=1", "recall_warmup.batch_size=2",
+                             "recall_warmup.seq_len=32", "recall_warmup.replay=true", "max_steps=2"))  # fmt: skip
+    run.setup(resume=False)
+    cfg = run.config
+    corpus, tables = run.batches(1)
+    assert torch.equal(corpus, run.corpus.batch(cfg.seed, 1, cfg.batch_size, cfg.seq_len))
+    assert torch.equal(tables, run.corpus.warmup_batch(cfg.seed, 1, 2, 32))
+    assert run.tokens_left() == 2 * 32 + cfg.batch_size * cfg.seq_len + 2 * 32
+    terse = Pretraining(config(tmp_path, "t", "recall_warmup.steps=4", "recall_warmup.terse_share=1.0",
+                               "recall_warmup.terse_after=2"))  # fmt: skip
+    terse.setup(resume=False)
+    assert ": " not in terse.tokenizer.decode(terse.batches(1)[0][0])  # the easiest form first
+    assert ": " in terse.tokenizer.decode(terse.batches(2)[0][0])  # then the tasks' form
+    run.train()
+    assert run.tokens == 2 * 32 + cfg.batch_size * cfg.seq_len + 2 * 32
