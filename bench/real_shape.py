@@ -195,8 +195,9 @@ def serve_once(export: Path, port: int, log_path: Path, model_len: int) -> dict:
 
 
 def grpo_steps(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r.get("phase") == "grpo" and "timing/step_s" in r]
+    from rl.dashboard.run_dir import RunReader
+
+    return [r for r in RunReader(run_dir).read().metrics if r["phase"] == "grpo" and "timing/step_s" in r]
 
 
 def forward_rows(run_dir: Path, step: int) -> tuple[list[int], int]:
