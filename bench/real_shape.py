@@ -220,7 +220,7 @@ def attention_flops(lengths: list[int], shape: dict) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=QWEN3_0_6B["num_hidden_layers"])
-    ap.add_argument("--context", type=int, nargs=2, default=[1700, 3300], help="context tokens (2 lengths)")
+    ap.add_argument("--context", type=int, nargs=2, default=[1700, 3000], help="context tokens (2 lengths): DA prompts of ~2.3K and ~4K tokens")
     ap.add_argument("--out", default="runs/real_shape")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--reuse", action="store_true", help="serve and report on OUT's finished run again")
