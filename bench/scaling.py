@@ -90,7 +90,7 @@ def weight_sync(tokenizer, args) -> list[tuple[str, int, float, list[float]]]:
     from transformers import AutoModelForCausalLM
 
     from bench.rollouts import build_model
-    from rl.grpo import named_parameters_gathered
+    from rollouts.weight_sync import named_parameters_gathered
 
     rows = []
     modes = ("object_store", "broadcast") if args.broadcast else ("object_store",)

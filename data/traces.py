@@ -45,13 +45,17 @@ context (under protocol v4, where closing tags rest in ``local``, the answer rea
                 <focus magic_chunks="5"> 63</focus>       looks for, then where
     candidates  <global>Chunks 2, 5 and 6.</global>       keys look alike (near-miss distractors): list
                 <focus magic_chunks="5"> 63</focus>       every chunk holding a candidate needle first
+    wide        <focus magic_chunks="2,5,6"> 63</focus>   focus every candidate chunk at once and match
+                                                          the key inside them: choosing among look-alikes
+                                                          becomes recall of a key's value in a few chunks,
+                                                          not naming one chunk from the whole context
     global      <global>Chunk 5: 63.</global>             reads the value in global, declaring no focus:
                                                           how a model reads before it learns to focus
 
 Under protocol v5, where decoding starts with no chunk in view, ``direct`` would choose its chunk
 blind: a run on v5 refuses it (``RunConfig.validate``). Only the terse style draws strategies; chained
 reads, surveys and minimal traces keep their one form, and a plan without look-alike needles writes
-``candidates`` as ``plan``.
+``candidates`` as ``plan`` and ``wide`` as ``direct``.
 
 Plans never copy the question's key (the tiny model could not learn to copy a rare key into
 ``<global>``); they name the chunks. Reads that depend on each other (a variable chain) are
@@ -107,7 +111,7 @@ _THINK_CHECK = ("Let me check: ", "Working it out: ", "", "Now I combine what I 
 
 
 TRACE_STYLES = ("verbose", "terse")
-STRATEGIES = ("plan", "direct", "sentence", "candidates", "global")  # terse one-hop reads (above)
+STRATEGIES = ("plan", "direct", "sentence", "candidates", "wide", "global")  # terse one-hop reads (above)
 # How a terse focus tag writes its chunk ids: "digits" (magic_chunks="5") or "header" (magic_chunks=" 5",
 # each id after a space, as it stands in the chunk's "Magic Chunk 5:" header and in the plan's "Chunk 5.",
 # so it is the same token there, the rule the values follow). The parser reads both alike.
@@ -227,13 +231,18 @@ def _render_terse(
         segments.append(f"<global>{found}.</global>")
     else:
         chunks = sorted({c for r in plan.reads for c in r.chunks})
+        wide = strategy == "wide" and len(plan.candidates) > len(chunks)
         if strategy == "candidates" and len(plan.candidates) > len(chunks):
             segments.append(f"<{nav}>{terse_where(plan.candidates)}</{nav}>")
         elif strategy == "sentence":
             segments.append(f"<{nav}>The answer is in {terse_where(chunks)}</{nav}>")
-        elif strategy != "direct":
+        elif strategy not in ("direct", "wide"):
             segments.append(f"<{nav}>{terse_where(chunks)}</{nav}>")
-        segments.extend(_terse_focus(r, ids) for r in plan.reads)
+        if wide:
+            reads = [Read(tuple(sorted({*plan.candidates, *r.chunks})), r.quote, r.value) for r in plan.reads]
+        else:
+            reads = list(plan.reads)
+        segments.extend(_terse_focus(r, ids) for r in reads)
     if plan.combine:
         segments.append(f"<local>{plan.combine}</local>")
     body = "\n".join(segments)

@@ -51,7 +51,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -67,7 +67,7 @@ from rollouts.engines.base import RolloutRequest
 from rollouts.masks import CompletionTrace, trace_completion
 from rollouts.protocol import DEFAULT_LAYOUT, LayoutSettings, PromptLayout, token_bytes_table
 from rollouts.trajectory import Trajectory
-from rollouts.weight_sync import SyncStats
+from rollouts.weight_sync import SyncStats, named_parameters_gathered
 
 logger = logging.getLogger(__name__)
 
@@ -77,22 +77,6 @@ _RUN_DIR_NAMES = {
     "sampling/importance_sampling_ratio/min": "is_ratio/min",
     "sampling/importance_sampling_ratio/max": "is_ratio/max",
 }
-
-
-def named_parameters_gathered(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(HF name, full CPU tensor)`` for every parameter, one at a time (ZeRO-3 shards are gathered).
-
-    Tied parameters appear under each of their names (``lm_head.weight`` as well as
-    ``model.embed_tokens.weight``): vLLM's ``reload_weights`` keeps the old head otherwise (measured).
-    """
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if hasattr(param, "ds_id"):  # a ZeRO-3 partitioned parameter: gather it for the copy
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters([param]):
-                yield name, param.detach().to("cpu", copy=True)
-        else:
-            yield name, param.detach().to("cpu", copy=True)
 
 
 class PoolWeightSync:

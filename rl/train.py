@@ -469,7 +469,7 @@ class TrainRecipe:
         state; ``modes``: a subset of them instead; ``sampled``: `da` only, eval.sampled_samples completions
         per example at grpo.temperature. ``push_weights=False``: the pool already holds the current weights."""
         from rl.evaluate import evaluate
-        from rl.grpo import named_parameters_gathered
+        from rollouts.weight_sync import named_parameters_gathered
 
         cfg = self.config
         temperature, samples = cfg.eval.temperature, cfg.eval.samples

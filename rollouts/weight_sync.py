@@ -40,7 +40,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -71,6 +71,22 @@ class SyncStats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def named_parameters_gathered(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(HF name, full CPU tensor)`` for every parameter, one at a time (ZeRO-3 shards are gathered).
+
+    Tied parameters appear under each of their names (``lm_head.weight`` as well as
+    ``model.embed_tokens.weight``): vLLM's ``reload_weights`` keeps the old head otherwise (measured).
+    """
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if hasattr(param, "ds_id"):  # a ZeRO-3 partitioned parameter: gather it for the copy
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([param]):
+                yield name, param.detach().to("cpu", copy=True)
+        else:
+            yield name, param.detach().to("cpu", copy=True)
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:

@@ -98,12 +98,13 @@ class RunConfig(Section):
                 f"is {navigation!r}, but the run lays prompts out without an index: set "
                 "run.index_entry_tokens (for example 10), or trace_navigation: global",
             )
-            check(
-                self.run.protocol_version < 5 or not self.data.data_config().trace_strategies.get("direct"),
-                "data.build.trace_strategies.direct",
-                "is a focus written before any chunk is read: under run.protocol_version 5 it chooses its "
-                "chunk blind. Drop it (plan, sentence and candidates read first), or use protocol_version 4",
-            )
+            for blind in ("direct", "wide"):
+                check(
+                    self.run.protocol_version < 5 or not self.data.data_config().trace_strategies.get(blind),
+                    f"data.build.trace_strategies.{blind}",
+                    "is a focus written before any chunk is read: under run.protocol_version 5 it chooses its "
+                    "chunks blind. Drop it (plan, sentence and candidates read first), or use protocol_version 4",
+                )
             tasks = {task.name for task in self.data.data_config().tasks}
             for name in self.curriculum.task_mix:
                 check(

@@ -35,3 +35,20 @@ def test_a_failed_check_is_remembered_and_bf16_readings_are_not_judged(capsys):
     assert verdicts.failed == ["broken"]
     out = capsys.readouterr().out
     assert "FAIL broken" in out and "not judged" in out
+
+
+def test_the_real_shape_section_runs_its_step_on_cpu_and_its_shared_rows_match_per_row_ones(capsys):
+    """One layer of Qwen3-0.6B's width and its 151,936-row embedding, two short GRPO groups: the shared rows'
+    log-probs equal one row per completion (judged in fp32), and every phase of the step ran."""
+    verdicts = gpu_check.Verdicts()
+    seconds = gpu_check.real_shape(verdicts, device="cpu", layers=1, contexts=(130, 260), generations=2)
+    assert verdicts.failed == []
+    assert set(seconds) == {
+        "old-policy forward",
+        "forward + backward",
+        "optimizer (AdamW)",
+        "weights to host (sync)",
+    }
+    assert all(s > 0 for s in seconds.values())
+    out = capsys.readouterr().out
+    assert "4 completions, packed as 2 rows" in out and "ok   fp32 shared rows" in out

@@ -180,7 +180,7 @@ NEEDLE = TracePlan(answer="63", reads=(Read((5,), "It is: 63.", "63"),), candida
 
 
 def test_each_strategy_reads_one_needle_its_own_way():
-    """By hand: the five terse strategies for one needle among look-alikes in chunks 2, 5 and 6."""
+    """By hand: the six terse strategies for one needle among look-alikes in chunks 2, 5 and 6."""
     rendered = {
         s: render_trace(NEEDLE, random.Random(0), thinking=False, style="terse", strategy=s)
         for s in STRATEGIES
@@ -194,6 +194,7 @@ def test_each_strategy_reads_one_needle_its_own_way():
         "candidates": (
             '<global>Chunks 2, 5 and 6.</global>\n<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>'
         ),
+        "wide": '<focus magic_chunks="2,5,6"> 63</focus>\n<answer> 63</answer>',
         "global": "<global>Chunk 5: 63.</global>\n<answer> 63</answer>",
     }
     for strategy, trace in rendered.items():
@@ -208,6 +209,7 @@ def test_each_strategy_reads_one_needle_its_own_way():
     # without look-alike needles "candidates" is the plan; chains keep their one form
     alone = TracePlan(answer="63", reads=NEEDLE.reads)
     assert render_trace(alone, random.Random(0), False, "terse", strategy="candidates") == rendered["plan"]
+    assert render_trace(alone, random.Random(0), False, "terse", strategy="wide") == rendered["direct"]
     chain = TracePlan(answer="X", reads=(Read((3,), "A = B."), Read((5,), "B = X.")), chained=True)
     forms = {render_trace(chain, random.Random(0), False, "terse", strategy=s) for s in STRATEGIES}
     assert len(forms) == 1
