@@ -427,7 +427,8 @@ def seconds_and_peak(fn: Callable, device: str) -> tuple[float, float]:
 
 
 def real_shape(verdicts: Verdicts, _tokenizer=None, device: str = DEVICE, layers: int | None = None,
-               contexts: tuple[int, ...] = (1700, 3000), generations: int = 8) -> dict:  # fmt: skip
+               contexts: tuple[int, ...] = (1700, 3000), generations: int = 8, narrow: dict | None = None,
+               ) -> dict:  # fmt: skip
     """The trainer's side of one GRPO step at Qwen3-0.6B's shape on the GPU trainer path, the step
     ``bench/real_shape.py`` runs on CPU: a random bf16 model of that shape (``layers`` deep) with the DA tags
     added to a tokenizer of Qwen3's size (the embedding's padded rows take them, rl/added_tokens.py),
@@ -438,7 +439,8 @@ def real_shape(verdicts: Verdicts, _tokenizer=None, device: str = DEVICE, layers
     Judged: the shared rows' log-probs against one row per completion (fp32). Timed (bf16): the old policy's
     forward, the policy's forward and backward, AdamW's step, and the weights' copy to the host that every
     sync starts with; beside them the FLOPs ``bench/real_shape.py`` projects an H100 step from. Returns the
-    seconds. Left out: vLLM's CUDA engine (not installed with this check), so generation is not measured.
+    seconds. ``narrow``: config fields to override (a smaller width for the CPU smoke test). Left out: vLLM's
+    CUDA engine (not installed with this check), so generation is not measured.
     """
     from transformers import Qwen3ForCausalLM
 
@@ -455,7 +457,10 @@ def real_shape(verdicts: Verdicts, _tokenizer=None, device: str = DEVICE, layers
     add_protocol_tokens(tokenizer)
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = Qwen3ForCausalLM(qwen3_0_6b_config(tokenizer, layers)).to(device)  # fp32 for the check
+        config = qwen3_0_6b_config(tokenizer, layers)
+        for field, value in (narrow or {}).items():
+            setattr(config, field, value)
+        model = Qwen3ForCausalLM(config).to(device)  # fp32 for the check
     grow_embeddings(model, protocol_spellings(before, tokenizer))
     model.config._attn_implementation = implementation
 

@@ -1,6 +1,6 @@
 """Qwen3-0.6B's shape through `heed train` and `heed serve`: what a user's real run costs, measured on CPU.
 
-    nice -n 10 .venv/bin/python -m bench.real_shape                 # the real shape: 28 layers (~29 min)
+    nice -n 10 .venv/bin/python -m bench.real_shape                 # the real shape: 28 layers (19-29 min on 2 cores)
     .venv/bin/python -m bench.real_shape --layers 2 --context 300 600 --out /tmp/rs   # the same path, small
     .venv/bin/python -m bench.real_shape --out OUT --reuse          # serve and report on OUT's run again
 

@@ -1,12 +1,14 @@
 """Does a small decoder learn associative recall, and how fast? The skill Heed's base model must have before a
 needle in a long context can teach it anything, measured on the purest data for it.
 
-    .venv/bin/python -m bench.recall_probe [--keys magic|word] [--adjacent] [--first N] [--layers 4] [--steps 3500]
+    .venv/bin/python -m bench.recall_probe [--keys magic|near|word] [--adjacent] [--first N] [--layers 4] [--steps 3500]
     .venv/bin/python -m bench.recall_probe --checkpoint runs/pretrain/checkpoint.pt   # a pretraining run's rates
 
 It trains a randomly initialised Qwen3-architecture model of the tiny default's shape (``rl.model``, the
 shipped tokenizer) on terse lookup tables only: 2-4 facts ``" silver-owl: 63."`` (``--keys magic``: the
-tasks' hyphenated keys, three to five tokens each; ``--keys word``: single-token words), then the same keys
+tasks' hyphenated keys, three to five tokens each; ``--keys near``: the same, every key after the first
+sharing its adjective or noun, ``silver-owl`` beside ``silver-fox``, as multikey's look-alike needles do;
+``--keys word``: single-token words), then the same keys
 asked again in any order (``--adjacent``: ``" silver-owl 63."``, the value
 right after its key, as an induction head matches; ``--first N``: adjacent single-token tables for the first N
 steps whatever the other flags say, a curriculum), ``--batch`` rows of 128 tokens a step, AdamW at ``--lr`` after 100 warm-up
@@ -31,7 +33,7 @@ import time
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--keys", choices=("magic", "word"), default="magic")
+    ap.add_argument("--keys", choices=("magic", "near", "word"), default="magic")
     ap.add_argument("--adjacent", action="store_true", help="no ':' between a key and its value")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=128)
@@ -64,7 +66,10 @@ def main() -> None:
     def table(rng: random.Random, low: int, high: int, easy: bool = False) -> tuple[str, list[str]]:
         """A table and its values; ``easy``: adjacent single-token keys, whatever the flags say."""
         n = rng.randint(low, high)
-        keys = magic_keys(rng, n) if args.keys == "magic" and not easy else rng.sample(words, n)
+        if args.keys == "word" or easy:
+            keys = rng.sample(words, n)
+        else:  # "near": every key after the first shares a word with it, as multikey's look-alikes do
+            keys = magic_keys(rng, n, near=n - 1 if args.keys == "near" else 0)
         value = dict(zip(keys, map(str, rng.sample(range(10, 100), n)), strict=True))
         sep = " " if args.adjacent or easy else ": "
         facts = "".join(f" {k}{sep}{value[k]}." for k in keys)

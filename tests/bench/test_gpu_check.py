@@ -38,10 +38,14 @@ def test_a_failed_check_is_remembered_and_bf16_readings_are_not_judged(capsys):
 
 
 def test_the_real_shape_section_runs_its_step_on_cpu_and_its_shared_rows_match_per_row_ones(capsys):
-    """One layer of Qwen3-0.6B's width and its 151,936-row embedding, two short GRPO groups: the shared rows'
-    log-probs equal one row per completion (judged in fp32), and every phase of the step ran."""
+    """One narrow layer over Qwen3's 151,936-row embedding, two short GRPO groups: the shared rows' log-probs
+    equal one row per completion (judged in fp32), and every phase of the step ran."""
     verdicts = gpu_check.Verdicts()
-    seconds = gpu_check.real_shape(verdicts, device="cpu", layers=1, contexts=(130, 260), generations=2)
+    narrow = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "head_dim": 32}  # fmt: skip
+    seconds = gpu_check.real_shape(
+        verdicts, device="cpu", layers=1, contexts=(130, 260), generations=2, narrow=narrow
+    )
     assert verdicts.failed == []
     assert set(seconds) == {
         "old-policy forward",

@@ -16,14 +16,17 @@ def test_gold_forms_cost_what_the_hand_worked_traces_say():
     refuses `direct` and starts in local, so its plan predicts 8 of 32 there (g_0 and the 7 tokens after
     `<global>` completes)."""
     v4 = costs(["tokenizer.protocol_tokens=false"])
-    assert {s for s, _ in v4} == {"plan", "direct", "sentence", "candidates"}
-    single = {s: v4[(s, "niah_single")] for s in ("plan", "direct", "sentence", "candidates")}
+    assert {s for s, _ in v4} == {"plan", "direct", "sentence", "candidates", "wide"}
+    single = {s: v4[(s, "niah_single")] for s in ("plan", "direct", "sentence", "candidates", "wide")}
     assert single["plan"][1:] == (32, 10 / 32) and single["direct"][1:] == (21, 8 / 21)
     assert single["candidates"] == single["plan"]  # no look-alike needle: the candidate list is the plan
     assert single["direct"][0] < single["plan"][0] < single["sentence"][0]
     assert v4[("candidates", "niah_multikey")][0] > v4[("plan", "niah_multikey")][0]
+    assert single["wide"] == single["direct"]  # no look-alike needle: one chunk to focus
+    # among look-alikes `wide` focuses all three needles' chunks: more reads than `direct`'s one
+    assert v4[("wide", "niah_multikey")][0] > v4[("direct", "niah_multikey")][0]
     v5 = costs(["tokenizer.protocol_tokens=false", "run.protocol_version=5"])
-    assert "direct" not in {s for s, _ in v5}
+    assert not {"direct", "wide"} & {s for s, _ in v5}  # both focus before reading: refused under v5
     assert v5[("plan", "niah_single")][1:] == (32, 8 / 32)
     assert v5[("plan", "niah_single")][0] < single["plan"][0]  # the tags before `<global>` read no chunk
 
