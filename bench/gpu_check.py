@@ -426,7 +426,7 @@ def seconds_and_peak(fn: Callable, device: str) -> tuple[float, float]:
     return time.perf_counter() - start, 0.0
 
 
-def real_shape(verdicts: Verdicts, _tokenizer=None, device: str = DEVICE, layers: int | None = None,
+def real_shape(verdicts: Verdicts, device: str = DEVICE, layers: int | None = None,
                contexts: tuple[int, ...] = (1700, 3000), generations: int = 8, narrow: dict | None = None,
                ) -> dict:  # fmt: skip
     """The trainer's side of one GRPO step at Qwen3-0.6B's shape on the GPU trainer path, the step
