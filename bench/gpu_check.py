@@ -474,16 +474,15 @@ def real_shape(verdicts: Verdicts, device: str = DEVICE, layers: int | None = No
     targets = trl_batch.input_ids[:, -width:].to(device)  # [B, C]
     shared = share_prompts(trl_batch.input_ids.to(device), traces, width, implementation)
     prompts = [t.layout.prompt_len for t in traces[::generations]]
-    rows = [p + sum(len(c) for c in completions[i * generations : (i + 1) * generations])
-            for i, p in enumerate(prompts)]  # fmt: skip
+    rows = shared.valid.sum(-1).tolist()  # each packed row's real tokens: its prompt and its completions
     print(f"  prompts of {prompts} tokens, {len(traces)} completions, packed as {len(rows)} rows of {rows}")
 
-    def shared_logps() -> torch.Tensor:  # [B, C], as rl.logprobs.shared_forward gathers them
+    def shared_logps() -> torch.Tensor:  # [B, C], as rl.logprobs.shared_forward computes them (without TRL)
         logits = model(
             input_ids=shared.input_ids, attention_mask=shared.attention_mask, position_ids=shared.position_ids,
             logits_to_keep=shared.logits_to_keep, use_cache=False,
         ).logits  # fmt: skip
-        picked = logits[shared.row[:, None], shared.logit_index].float()  # [B, C, V]
+        picked = shared.completion_logits(logits).float()  # [B, C, V]
         return (
             picked.log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1).masked_fill(~shared.real, 0.0)
         )

@@ -231,14 +231,14 @@ def _render_terse(
         segments.append(f"<global>{found}.</global>")
     else:
         chunks = sorted({c for r in plan.reads for c in r.chunks})
-        wide = strategy == "wide" and len(plan.candidates) > len(chunks)
-        if strategy == "candidates" and len(plan.candidates) > len(chunks):
+        look_alikes = len(plan.candidates) > len(chunks)
+        if strategy == "candidates" and look_alikes:
             segments.append(f"<{nav}>{terse_where(plan.candidates)}</{nav}>")
         elif strategy == "sentence":
             segments.append(f"<{nav}>The answer is in {terse_where(chunks)}</{nav}>")
         elif strategy not in ("direct", "wide"):
             segments.append(f"<{nav}>{terse_where(chunks)}</{nav}>")
-        if wide:
+        if strategy == "wide" and look_alikes:
             reads = [Read(tuple(sorted({*plan.candidates, *r.chunks})), r.quote, r.value) for r in plan.reads]
         else:
             reads = list(plan.reads)

@@ -247,6 +247,10 @@ class SharedBatch:
     branches: torch.Tensor  # [R, T] int64: 0 on the prompt, j on the row's j-th completion, -1 after
     branch: torch.Tensor  # [B] int64: completion b's j in its row
 
+    def completion_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The packed rows' kept logits ``[R, logits_to_keep, V]`` back in TRL's layout, ``[B, C, V]``."""
+        return logits[self.row[:, None], self.logit_index]
+
 
 def share_prompts(
     input_ids: torch.Tensor,  # [B, P + C]: TRL's batch, prompts left-padded, completions right-padded
@@ -359,7 +363,7 @@ def shared_forward(
     if heed_state is not None:
         for layer, peaks in heed_state.peak_memory.items():  # [R, k] -> [B]
             heed_state.peak_memory[layer] = peaks[shared.row, shared.branch - 1]
-    logits = logits[shared.row[:, None], shared.logit_index].float() / temperature  # [B, C, V]
+    logits = shared.completion_logits(logits).float() / temperature  # [B, C, V]
     logps = selective_log_softmax(logits, targets).masked_fill(~shared.real, 0.0)
     if not compute_entropy:
         return logps, None

@@ -14,6 +14,7 @@ laid out with the chat template, whose tags are the new ids. Its log-probs must 
 of the synced weights under the DA mask (transformers, no engine), and differ from the unsynced ones.
 """
 
+import contextlib
 import socket
 import threading
 import time
@@ -78,6 +79,29 @@ def new_model(tiny_model_dir):
     return perturbed_model(tiny_model_dir, seed=2)
 
 
+@contextlib.contextmanager
+def _joined(engine):
+    """``(sender, ranks)``: a gloo sender in this process and ``engine``'s workers joined to its group (their
+    ranks), left and closed after."""
+    sender = WeightSender("127.0.0.1", 0, num_receivers=1, backend="gloo", timeout_s=TIMEOUT_S)
+    port = sender.port  # bound from construction on: no other process can take it first
+    connecting = _Thread(sender.connect)
+    ranks = engine_join(engine.llm, "127.0.0.1", port, world_size=2, backend="gloo", timeout_s=TIMEOUT_S)
+    connecting.get(TIMEOUT_S)
+    try:
+        yield sender, ranks
+    finally:
+        engine_leave(engine.llm)
+        sender.close()
+
+
+def _broadcast(sender, engine, weights):
+    """``(sender's SyncStats, the engine's report)`` of one broadcast of ``weights``."""
+    sending = _Thread(lambda: sender.send(weights))
+    (received,) = engine_receive(engine.llm)
+    return sending.get(TIMEOUT_S), received
+
+
 def _requests(acme):
     return [RolloutRequest(acme.layout, "da", forced_ids=acme.gold_ids[:24])]
 
@@ -87,18 +111,10 @@ def test_broadcast_weights_change_the_next_logprobs(engine, new_model, acme, tok
     (want,) = ReferenceEngine(new_model, tokenizer, num_threads=1).generate(_requests(acme))
     assert np.abs(np.subtract(before.logprobs, want.logprobs)).max() > 1e-2  # the update is visible
 
-    sender = WeightSender("127.0.0.1", 0, num_receivers=1, backend="gloo", timeout_s=TIMEOUT_S)
-    port = sender.port  # bound from construction on: no other process can take it first
-    connecting = _Thread(sender.connect)
-    assert engine_join(engine.llm, "127.0.0.1", port, world_size=2, backend="gloo", timeout_s=TIMEOUT_S) == [
-        1
-    ]
-    connecting.get(TIMEOUT_S)
-    try:
+    with _joined(engine) as (sender, ranks):
+        assert ranks == [1]
         weights = list(new_model.state_dict().items())
-        sending = _Thread(lambda: sender.send(weights))
-        (received,) = engine_receive(engine.llm)
-        sent = sending.get(TIMEOUT_S)
+        sent, received = _broadcast(sender, engine, weights)
         expected_bytes = sum(t.numel() * t.element_size() for _, t in weights)
         assert sent.tensors == received["tensors"] == len(weights)
         assert sent.bytes == received["bytes"] == expected_bytes
@@ -108,9 +124,6 @@ def test_broadcast_weights_change_the_next_logprobs(engine, new_model, acme, tok
         assert after.error is None, after.error
         assert after.completion_ids == want.completion_ids
         assert np.abs(np.subtract(after.logprobs, want.logprobs)).max() <= TOLERANCE
-    finally:
-        engine_leave(engine.llm)
-        sender.close()
 
 
 def test_receiver_that_never_joins_times_out_clearly():
@@ -168,8 +181,6 @@ def qwen3_vocab_policy(tmp_path_factory):
 
 
 def test_a_synced_policy_decodes_its_new_tag_ids_as_a_dense_forward_does(qwen3_vocab_policy):
-    from transformers import AutoModelForCausalLM
-
     from rl.demo import acme_example
     from rollouts.masks import trace_completion
     from rollouts.protocol import PROTOCOL_TAG_TOKENS, build_prompt, token_bytes_table
@@ -188,11 +199,7 @@ def test_a_synced_policy_decodes_its_new_tag_ids_as_a_dense_forward_does(qwen3_v
     trace = trace_completion(layout, completion, token_bytes_table(tokenizer))
     request = RolloutRequest(layout, "da", forced_ids=tuple(completion))
 
-    stepped = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32, attn_implementation="sdpa")
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # a stand-in for an optimizer step, the tied embedding included
-        for p in stepped.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    stepped = perturbed_model(policy, seed=1)  # a stand-in for an optimizer step, the tied embedding included
     want = dense_logprobs(stepped, layout, completion, trace)
     weights = list(named_parameters_gathered(stepped))
     assert {"lm_head.weight", "model.embed_tokens.weight"} <= {name for name, _ in weights}
@@ -204,18 +211,9 @@ def test_a_synced_policy_decodes_its_new_tag_ids_as_a_dense_forward_does(qwen3_v
         worker_extension_cls=WORKER_EXTENSION,
     ) as engine:
         (before,) = engine.generate([request])
-        sender = WeightSender("127.0.0.1", 0, num_receivers=1, backend="gloo", timeout_s=TIMEOUT_S)
-        connecting = _Thread(sender.connect)
-        engine_join(engine.llm, "127.0.0.1", sender.port, world_size=2, backend="gloo", timeout_s=TIMEOUT_S)
-        connecting.get(TIMEOUT_S)
-        try:
-            sending = _Thread(lambda: sender.send(weights))
-            (received,) = engine_receive(engine.llm)
-            sent = sending.get(TIMEOUT_S)
+        with _joined(engine) as (sender, _):
+            sent, received = _broadcast(sender, engine, weights)
             (after,) = engine.generate([request])
-        finally:
-            engine_leave(engine.llm)
-            sender.close()
     assert sent.bytes == received["bytes"] == sum(t.numel() * t.element_size() for _, t in weights)
     assert before.error is None and after.error is None, (before.error, after.error)
     assert np.abs(np.subtract(before.logprobs, want)).max() > 1e-2  # the sync is what made them agree
