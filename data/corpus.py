@@ -109,15 +109,22 @@ class Corpus:
         return self._pack(random.Random(f"{seed}/{step}"), self.document, batch_size, seq_len)
 
     def warmup_batch(
-        self, seed: int, step: int, batch_size: int, seq_len: int, terse_share: float = 0.0
+        self,
+        seed: int,
+        step: int,
+        batch_size: int,
+        seq_len: int,
+        terse_share: float = 0.0,
+        near_share: float = 0.0,
     ) -> torch.Tensor:
-        """A batch of :meth:`recall_table` documents only, ``terse_share`` of them in the tasks' terse form:
-        what a pretraining run starts on (its ``recall_warmup``) so that recall forms before the corpus's
-        longer forms need it."""
+        """A batch of :meth:`recall_table` documents only, ``terse_share`` of them in the tasks' terse form
+        and ``near_share`` of those with look-alike keys: what a pretraining run starts on (its
+        ``recall_warmup``) so that recall forms before the corpus's longer forms need it."""
 
         def table(r: random.Random) -> list[int]:
             terse = terse_share > 0 and r.random() < terse_share  # no draw when 0: the same batches
-            return self._ids(self.recall_table(r, terse=terse))
+            near = terse and near_share > 0 and r.random() < near_share
+            return self._ids(self.recall_table(r, terse=terse, near=near))
 
         return self._pack(random.Random(f"{seed}/warmup/{step}"), table, batch_size, seq_len)
 
@@ -210,16 +217,20 @@ class Corpus:
             lines = [f"The magic number of {k} is {values[k]}." for k in asked]
         return "".join(facts) + "\n\n" + "\n".join(lines) + "\n"
 
-    def recall_table(self, rng: random.Random, terse: bool = False) -> str:
+    def recall_table(self, rng: random.Random, terse: bool = False, near: bool = False) -> str:
         """The easiest associative recall: 2-4 words of the word list (one token each after a space), each
         followed at once by its number (``" owl 63."``), then the words asked again in any order with their
         numbers. An induction head solves it by matching one token back; a small model learns that here in
         a few million tokens, and the binding carries over to the ``terse`` form, the tasks' keys and a colon
         (``" silver-owl: 63."``), which it does not learn from the start in that budget (bench/BENCHMARKS.md,
-        "Copying is learned, binding is not")."""
+        "Copying is learned, binding is not"). ``near`` (terse only): every key after the first shares a
+        word with it (``silver-owl`` beside ``silver-fox``), multikey's look-alikes, which a model that binds
+        unrelated keys still confuses."""
+        if near and not terse:
+            raise ValueError("recall_table(near=True) needs terse=True: look-alike keys are the tasks' keys")
         digits = self.config.value_digits
         n = rng.randint(2, 4)
-        keys = magic_keys(rng, n) if terse else rng.sample(_word_list(), n)
+        keys = magic_keys(rng, n, near=n - 1 if near else 0) if terse else rng.sample(_word_list(), n)
         numbers = rng.sample(range(10 ** (digits - 1), 10**digits), n)
         value = dict(zip(keys, map(str, numbers), strict=True))
         sep = ": " if terse else " "

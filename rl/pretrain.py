@@ -54,6 +54,10 @@ class RecallWarmup:
     # (" silver-owl: 63."): the step from the easiest binding towards the corpus's forms
     terse_share: float = 0.0
     terse_after: int = 0
+    # from step `near_after` on (and in replay), this share of the terse tables has look-alike keys
+    # (" silver-owl: 3. silver-fox: 7."): the rung multikey's needles need
+    near_share: float = 0.0
+    near_after: int = 0
 
     def __post_init__(self):
         check(self.steps >= 0, "recall_warmup.steps", "must be >= 0")
@@ -61,6 +65,13 @@ class RecallWarmup:
         check(self.seq_len >= 16, "recall_warmup.seq_len", "must be >= 16 (a table is ~20-40 tokens)")
         check(0 <= self.terse_share <= 1, "recall_warmup.terse_share", "must be in [0, 1]")
         check(self.terse_after >= 0, "recall_warmup.terse_after", "must be >= 0")
+        check(0 <= self.near_share <= 1, "recall_warmup.near_share", "must be in [0, 1]")
+        check(self.near_after >= 0, "recall_warmup.near_after", "must be >= 0")
+        check(
+            not self.near_share or self.terse_share,
+            "recall_warmup.near_share",
+            "needs terse_share > 0: look-alike keys come in the terse tables",
+        )
 
 
 @dataclass(kw_only=True)
@@ -237,7 +248,8 @@ class Pretraining:
     def _tables(self, step: int) -> torch.Tensor:
         cfg, warmup = self.config, self.config.recall_warmup
         terse = warmup.terse_share if step >= warmup.terse_after else 0.0
-        return self.corpus.warmup_batch(cfg.seed, step, warmup.batch_size, warmup.seq_len, terse)
+        near = warmup.near_share if step >= warmup.near_after else 0.0
+        return self.corpus.warmup_batch(cfg.seed, step, warmup.batch_size, warmup.seq_len, terse, near)
 
     def tokens_left(self) -> int:
         """Tokens the steps still to run will train on."""

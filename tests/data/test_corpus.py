@@ -120,6 +120,26 @@ def test_a_recall_table_asks_each_word_for_the_number_right_after_it(corpus, tok
     assert all(re.fullmatch(r" ([a-z]+) (\d\d)\.", line).groups() in pairs for line in lines)
 
 
+@given(seed=st.integers(0, 10**6))
+def test_a_look_alike_table_shares_a_word_of_its_first_key_in_every_other_key(corpus, seed):
+    """``near``: multikey's look-alikes, hand-read from the text: keys distinct, each after the first has the
+    first's adjective or its noun, and every asked line repeats a fact."""
+    facts, _, asked = corpus.recall_table(random.Random(seed), terse=True, near=True).partition("\n\n")
+    pairs = re.findall(r" ([a-z]+)-([a-z]+): (\d\d)\.", facts)
+    assert 2 <= len(pairs) <= 4 and "".join(f" {a}-{n}: {v}." for a, n, v in pairs) == facts
+    keys = [(a, n) for a, n, _ in pairs]
+    assert len(set(keys)) == len(keys)
+    (adj, noun), rest = keys[0], keys[1:]
+    assert all((a == adj) != (n == noun) for a, n in rest)  # one word shared, never both
+    lines = asked.strip("\n").split("\n")
+    assert all(re.fullmatch(r" ([a-z]+)-([a-z]+): (\d\d)\.", line).groups() in pairs for line in lines)
+
+
+def test_look_alike_tables_need_the_terse_form(corpus):
+    with pytest.raises(ValueError, match="terse=True"):
+        corpus.recall_table(random.Random(0), near=True)
+
+
 def test_warmup_batches_are_recall_tables_and_a_function_of_seed_and_step(corpus, tokenizer):
     a = corpus.warmup_batch(seed=0, step=3, batch_size=2, seq_len=128)
     assert (a == corpus.warmup_batch(seed=0, step=3, batch_size=2, seq_len=128)).all()

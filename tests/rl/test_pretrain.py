@@ -3,6 +3,7 @@ uninterrupted one, the base folder holds bf16 weights whose checksum its card re
 a bad key."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -128,5 +129,19 @@ def test_replay_trains_each_corpus_step_on_a_batch_of_tables_too(tmp_path):
     terse.setup(resume=False)
     assert ": " not in terse.tokenizer.decode(terse.batches(1)[0][0])  # the easiest form first
     assert ": " in terse.tokenizer.decode(terse.batches(2)[0][0])  # then the tasks' form
+    near = Pretraining(config(tmp_path, "n", "recall_warmup.steps=5", "recall_warmup.terse_share=1.0",
+                              "recall_warmup.terse_after=0", "recall_warmup.near_share=1.0",
+                              "recall_warmup.near_after=3"))  # fmt: skip
+    near.setup(resume=False)
+
+    def look_alike(step: int) -> bool:  # every key of the step's first table shares a word with its first
+        table = near.tokenizer.decode(near.batches(step)[0][0]).split("\n\n")[0]
+        keys = re.findall(r" ([a-z]+)-([a-z]+):", table)
+        return all(a == keys[0][0] or n == keys[0][1] for a, n in keys)
+
+    assert look_alike(3) and look_alike(4)  # from near_after on
+    assert not all(look_alike(s) for s in range(3))  # unrelated keys before it (one table of 2 may share)
+    with pytest.raises(ConfigError, match="near_share"):
+        config(tmp_path, "bad", "recall_warmup.near_share=0.5", "recall_warmup.terse_share=0")
     run.train()
     assert run.tokens == 2 * 32 + cfg.batch_size * cfg.seq_len + 2 * 32
