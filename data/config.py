@@ -68,8 +68,8 @@ class DataConfig:
     # drawn per example, so the SFT policy samples readings that cost more and less and GRPO can choose.
     # "plan" names the chunk in global first, "sentence" does so in a sentence, "direct" focuses at once
     # (not under protocol v5, where it would choose blind), "candidates" lists every chunk holding a
-    # look-alike needle first, "wide" focuses all of those chunks at once (not under v5 either), "global"
-    # reads the value without a focus.
+    # look-alike needle first, "wide" focuses all of those chunks at once (not under v5 either), "keyed" is
+    # "wide" writing the asked key before the value, "global" reads the value without a focus.
     trace_strategies: dict[str, float] = field(default_factory=lambda: {"plan": 1.0})
     # How terse focus tags write chunk ids (data/traces.py CHUNK_ID_FORMS): "digits" (magic_chunks="5") or
     # "header" (magic_chunks=" 5": the token of the chunk's header, so a focus that names its chunk at

@@ -33,7 +33,7 @@ counting needs every chunk, which no index summarizes::
     <focus magic_chunks="5"> 63</focus>
     <answer> 63</answer>
 
-Five strategies (``STRATEGIES``, the data config's ``trace_strategies``: a weight each, one drawn per
+Seven strategies (``STRATEGIES``, the data config's ``trace_strategies``: a weight each, one drawn per
 example) for one-hop reads, each what a real reader does, and each reading a different amount of the
 context (under protocol v4, where closing tags rest in ``local``, the answer reads no chunk)::
 
@@ -49,13 +49,17 @@ context (under protocol v4, where closing tags rest in ``local``, the answer rea
                                                           the key inside them: choosing among look-alikes
                                                           becomes recall of a key's value in a few chunks,
                                                           not naming one chunk from the whole context
+    keyed       <focus magic_chunks="2,5,6"> silver-owl   ``wide``, and the focus first writes the asked
+                is: 63</focus>                            key, then the needle's words on to the value: the
+                                                          value then follows the key it belongs to, as in
+                                                          the base's recall tables, not a tag far from it
     global      <global>Chunk 5: 63.</global>             reads the value in global, declaring no focus:
                                                           how a model reads before it learns to focus
 
 Under protocol v5, where decoding starts with no chunk in view, ``direct`` would choose its chunk
 blind: a run on v5 refuses it (``RunConfig.validate``). Only the terse style draws strategies; chained
 reads, surveys and minimal traces keep their one form, and a plan without look-alike needles writes
-``candidates`` as ``plan`` and ``wide`` as ``direct``.
+``candidates`` as ``plan`` and ``wide`` as ``direct`` (``keyed`` as ``direct`` that writes the key).
 
 Plans never copy the question's key (the tiny model could not learn to copy a rare key into
 ``<global>``); they name the chunks. Reads that depend on each other (a variable chain) are
@@ -68,7 +72,7 @@ sequence tasks (Variable Assignment) as just the answer.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 _OPENERS = (
     "I need {need}.",
@@ -111,7 +115,15 @@ _THINK_CHECK = ("Let me check: ", "Working it out: ", "", "Now I combine what I 
 
 
 TRACE_STYLES = ("verbose", "terse")
-STRATEGIES = ("plan", "direct", "sentence", "candidates", "wide", "global")  # terse one-hop reads (above)
+STRATEGIES = (
+    "plan",
+    "direct",
+    "sentence",
+    "candidates",
+    "wide",
+    "keyed",
+    "global",
+)  # terse one-hop reads (above)
 # How a terse focus tag writes its chunk ids: "digits" (magic_chunks="5") or "header" (magic_chunks=" 5",
 # each id after a space, as it stands in the chunk's "Magic Chunk 5:" header and in the plan's "Chunk 5.",
 # so it is the same token there, the rule the values follow). The parser reads both alike.
@@ -127,10 +139,22 @@ class Read:
     chunks: tuple[int, ...]
     quote: str
     value: str = ""
+    key: str = ""  # the asked key the quote states ("" for none): what a ``keyed`` focus writes first
 
     @property
     def span(self) -> str:
         return self.value or self.quote
+
+    @property
+    def keyed(self) -> str:
+        """The quote from its key through its value (the ``keyed`` strategy's focus), else :attr:`span`.
+
+        >>> Read((5,), "One of the special magic numbers for silver-owl is: 63.", "63", "silver-owl").keyed
+        'silver-owl is: 63'
+        """
+        start = self.quote.find(self.key) if self.key and self.value else -1
+        end = self.quote.find(self.value, start + len(self.key)) if start >= 0 else -1
+        return self.quote[start : end + len(self.value)] if end >= 0 else self.span
 
 
 @dataclass(frozen=True)
@@ -236,13 +260,13 @@ def _render_terse(
             segments.append(f"<{nav}>{terse_where(plan.candidates)}</{nav}>")
         elif strategy == "sentence":
             segments.append(f"<{nav}>The answer is in {terse_where(chunks)}</{nav}>")
-        elif strategy not in ("direct", "wide"):
+        elif strategy not in ("direct", "wide", "keyed"):
             segments.append(f"<{nav}>{terse_where(chunks)}</{nav}>")
-        if strategy == "wide" and look_alikes:
-            reads = [Read(tuple(sorted({*plan.candidates, *r.chunks})), r.quote, r.value) for r in plan.reads]
+        if strategy in ("wide", "keyed") and look_alikes:
+            reads = [replace(r, chunks=tuple(sorted({*plan.candidates, *r.chunks}))) for r in plan.reads]
         else:
             reads = list(plan.reads)
-        segments.extend(_terse_focus(r, ids) for r in reads)
+        segments.extend(_terse_focus(r, ids, keyed=strategy == "keyed") for r in reads)
     if plan.combine:
         segments.append(f"<local>{plan.combine}</local>")
     body = "\n".join(segments)
@@ -259,9 +283,9 @@ def terse_where(chunks) -> str:
     return f"Chunk{'s' if len(chunks) > 1 else ''} {_chunk_list(chunks)}."
 
 
-def _terse_focus(read: Read, ids: str = "digits") -> str:
+def _terse_focus(read: Read, ids: str = "digits", keyed: bool = False) -> str:
     listed = ",".join(map(str, read.chunks)) if ids == "digits" else "".join(f" {c}" for c in read.chunks)
-    return f'<focus magic_chunks="{listed}"> {read.span}</focus>'
+    return f'<focus magic_chunks="{listed}"> {read.keyed if keyed else read.span}</focus>'
 
 
 def render_traces(

@@ -118,22 +118,25 @@ def draw_strategy(rng: random.Random, weights: dict[str, float] | None) -> str:
 
 
 def reads_in_document_order(
-    documents: list[str], needles: list[str], values: list[str] | None = None
+    documents: list[str], needles: list[str], values: list[str] | None = None, keys: list[str] | None = None
 ) -> tuple[Read, ...]:
     """One ``Read`` per chunk holding needles, quoting them in the order they appear there;
-    ``values[i]`` is the value-bearing part of ``needles[i]`` (what a terse trace copies)."""
-    by_chunk: dict[int, list[tuple[int, str, str]]] = {}
+    ``values[i]`` is the value-bearing part of ``needles[i]`` (what a terse trace copies), ``keys[i]`` the
+    key it states (kept for a chunk of one needle: what a ``keyed`` focus writes before the value)."""
+    by_chunk: dict[int, list[tuple[int, str, str, str]]] = {}
     for i, text in enumerate(needles):
         for chunk, doc in enumerate(documents, start=1):
             at = doc.find(text)
             if at >= 0:
-                by_chunk.setdefault(chunk, []).append((at, text, values[i] if values else ""))
+                found = (at, text, values[i] if values else "", keys[i] if keys else "")
+                by_chunk.setdefault(chunk, []).append(found)
                 break
     reads = []
     for c in sorted(by_chunk):
         found = sorted(by_chunk[c])
-        value = ", ".join(v for _, _, v in found) if values else ""
-        reads.append(Read((c,), " ".join(t for _, t, _ in found), value))
+        value = ", ".join(v for _, _, v, _ in found) if values else ""
+        key = found[0][3] if len(found) == 1 else ""
+        reads.append(Read((c,), " ".join(t for _, t, _, _ in found), value, key))
     return tuple(reads)
 
 

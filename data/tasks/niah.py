@@ -84,7 +84,9 @@ class NeedleInHaystack(Task):
             answers=answers,
             metric="string_match_all",
             evidence_chunks=sorted({d + 1 for d in docs_of[:n_real]}),
-            plan=self._plan(documents, real, answers, fake),
+            plan=self._plan(
+                documents, real, answers, fake, [k for k in asked for _ in range(self.num_values)]
+            ),
             leak_keys=frozenset([question, *real, *fake]),
             needles=real,
             meta={"keys": asked, "distractor_keys": others, "distractor_needles": fake},
@@ -105,7 +107,9 @@ class NeedleInHaystack(Task):
             return f"What are all the special magic numbers for {asked[0]} mentioned in the provided text?"
         return f"What is the special magic number for {asked[0]} mentioned in the provided text?"
 
-    def _plan(self, documents: list[str], real: list[str], answers: list[str], fake: list[str]) -> TracePlan:
+    def _plan(
+        self, documents: list[str], real: list[str], answers: list[str], fake: list[str], keys: list[str]
+    ) -> TracePlan:
         if self.num_queries > 1:
             need = "the special magic numbers of each key"
         elif self.num_values > 1:
@@ -113,7 +117,7 @@ class NeedleInHaystack(Task):
         else:
             need = "the special magic number"
         combine = f"The numbers are {', '.join(answers)}." if len(answers) > 1 else ""
-        reads = reads_in_document_order(documents, real, answers)
+        reads = reads_in_document_order(documents, real, answers, keys)
         # every chunk holding a needle, asked or not: what a reader lists when keys look alike
         candidates = {c for r in (*reads, *reads_in_document_order(documents, fake)) for c in r.chunks}
         return TracePlan(

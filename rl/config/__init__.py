@@ -98,7 +98,7 @@ class RunConfig(Section):
                 f"is {navigation!r}, but the run lays prompts out without an index: set "
                 "run.index_entry_tokens (for example 10), or trace_navigation: global",
             )
-            for blind in ("direct", "wide"):
+            for blind in ("direct", "wide", "keyed"):
                 check(
                     self.run.protocol_version < 5 or not self.data.data_config().trace_strategies.get(blind),
                     f"data.build.trace_strategies.{blind}",

@@ -16,7 +16,7 @@ def test_gold_forms_cost_what_the_hand_worked_traces_say():
     refuses `direct` and starts in local, so its plan predicts 8 of 32 there (g_0 and the 7 tokens after
     `<global>` completes)."""
     v4 = costs(["tokenizer.protocol_tokens=false"])
-    assert {s for s, _ in v4} == {"plan", "direct", "sentence", "candidates", "wide"}
+    assert {s for s, _ in v4} == {"plan", "direct", "sentence", "candidates", "wide", "keyed"}
     single = {s: v4[(s, "niah_single")] for s in ("plan", "direct", "sentence", "candidates", "wide")}
     assert single["plan"][1:] == (32, 10 / 32) and single["direct"][1:] == (21, 8 / 21)
     assert single["candidates"] == single["plan"]  # no look-alike needle: the candidate list is the plan
@@ -25,8 +25,10 @@ def test_gold_forms_cost_what_the_hand_worked_traces_say():
     assert single["wide"] == single["direct"]  # no look-alike needle: one chunk to focus
     # among look-alikes `wide` focuses all three needles' chunks: more reads than `direct`'s one
     assert v4[("wide", "niah_multikey")][0] > v4[("direct", "niah_multikey")][0]
+    # `keyed` is `wide` with the key written inside the focus: more tokens, each reading those chunks
+    assert v4[("keyed", "niah_multikey")][0] > v4[("wide", "niah_multikey")][0]
     v5 = costs(["tokenizer.protocol_tokens=false", "run.protocol_version=5"])
-    assert not {"direct", "wide"} & {s for s, _ in v5}  # both focus before reading: refused under v5
+    assert not {"direct", "wide", "keyed"} & {s for s, _ in v5}  # focus before reading: refused under v5
     assert v5[("plan", "niah_single")][1:] == (32, 8 / 32)
     assert v5[("plan", "niah_single")][0] < single["plan"][0]  # the tags before `<global>` read no chunk
 
@@ -41,5 +43,7 @@ def test_with_protocol_tokens_the_cheapest_form_decodes_least_in_global():
     single = {s: tagged[(s, "niah_single")] for s in ("plan", "direct", "sentence", "candidates")}
     assert single["plan"][1:] == (17, 6 / 17) and single["direct"][1:] == (10, 3 / 10)
     assert min(single.values()) == single["direct"]  # the fewest reads
-    assert min(share for *_, share in tagged.values()) == single["direct"][2]
+    # (`keyed` writes the key inside its focus: a smaller share in global, bought with more reads)
+    assert min(share for (s, _), (*_, share) in tagged.items() if s != "keyed") == single["direct"][2]
+    assert tagged[("keyed", "niah_single")][0] > single["direct"][0]
     assert tagged[("candidates", "niah_multikey")][2] > tagged[("plan", "niah_multikey")][2] > 3 / 10

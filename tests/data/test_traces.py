@@ -176,11 +176,15 @@ def test_an_unknown_trace_style_is_refused():
         render_trace(ACME, random.Random(0), thinking=False, style="chatty")
 
 
-NEEDLE = TracePlan(answer="63", reads=(Read((5,), "It is: 63.", "63"),), candidates=(2, 5, 6))
+NEEDLE = TracePlan(
+    answer="63",
+    reads=(Read((5,), "The number of silver-owl is: 63.", "63", "silver-owl"),),
+    candidates=(2, 5, 6),
+)
 
 
 def test_each_strategy_reads_one_needle_its_own_way():
-    """By hand: the six terse strategies for one needle among look-alikes in chunks 2, 5 and 6."""
+    """By hand: the seven terse strategies for one needle among look-alikes in chunks 2, 5 and 6."""
     rendered = {
         s: render_trace(NEEDLE, random.Random(0), thinking=False, style="terse", strategy=s)
         for s in STRATEGIES
@@ -195,6 +199,7 @@ def test_each_strategy_reads_one_needle_its_own_way():
             '<global>Chunks 2, 5 and 6.</global>\n<focus magic_chunks="5"> 63</focus>\n<answer> 63</answer>'
         ),
         "wide": '<focus magic_chunks="2,5,6"> 63</focus>\n<answer> 63</answer>',
+        "keyed": '<focus magic_chunks="2,5,6"> silver-owl is: 63</focus>\n<answer> 63</answer>',
         "global": "<global>Chunk 5: 63.</global>\n<answer> 63</answer>",
     }
     for strategy, trace in rendered.items():
@@ -210,6 +215,12 @@ def test_each_strategy_reads_one_needle_its_own_way():
     alone = TracePlan(answer="63", reads=NEEDLE.reads)
     assert render_trace(alone, random.Random(0), False, "terse", strategy="candidates") == rendered["plan"]
     assert render_trace(alone, random.Random(0), False, "terse", strategy="wide") == rendered["direct"]
+    assert render_trace(alone, random.Random(0), False, "terse", strategy="keyed") == (
+        '<focus magic_chunks="5"> silver-owl is: 63</focus>\n<answer> 63</answer>'
+    )
+    # a read that states no key (or two needles in one chunk) writes its value alone
+    unkeyed = TracePlan(answer="63", reads=(Read((5,), "It is: 63.", "63"),), candidates=(2, 5, 6))
+    assert render_trace(unkeyed, random.Random(0), False, "terse", strategy="keyed") == rendered["wide"]
     chain = TracePlan(answer="X", reads=(Read((3,), "A = B."), Read((5,), "B = X.")), chained=True)
     forms = {render_trace(chain, random.Random(0), False, "terse", strategy=s) for s in STRATEGIES}
     assert len(forms) == 1

@@ -145,3 +145,32 @@ def test_replay_trains_each_corpus_step_on_a_batch_of_tables_too(tmp_path):
         config(tmp_path, "bad", "recall_warmup.near_share=0.5", "recall_warmup.terse_share=0")
     run.train()
     assert run.tokens == 2 * 32 + cfg.batch_size * cfg.seq_len + 2 * 32
+
+
+def test_the_shipped_base_is_what_its_card_says():
+    """models/heed-tiny-base: its weights hash to the card's checksum, were made by the committed recipe
+    (the card's config is configs/base/tiny-base.yaml's), load in plain transformers, and give the card's
+    held-out loss on the corpus's held-out batches (recomputed here, within 2%: another CPU rounds
+    differently)."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from data.corpus import Corpus
+
+    base = Path("models/heed-tiny-base")
+    card = json.loads((base / CARD_RESULTS).read_text())
+    assert card["sha256"] == sha256(base / "model.safetensors")
+    recipe = load_pretrain_config("configs/base/tiny-base.yaml")
+    assert card["config"] == asdict(recipe)
+    model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    assert sum(p.numel() for p in model.parameters()) == card["parameters"]
+    corpus = Corpus(tokenizer, recipe.corpus)
+    with torch.no_grad():
+        losses = [
+            model(input_ids=b, labels=b).loss.item()
+            for b in (corpus.batch(recipe.seed + 1, i, recipe.batch_size, recipe.seq_len) for i in range(8))
+        ]
+    assert sum(losses) / len(losses) == pytest.approx(card["heldout_loss"], rel=0.02)
