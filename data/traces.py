@@ -61,8 +61,9 @@ blind: a run on v5 refuses it (``RunConfig.validate``). Only the terse style dra
 reads, surveys and minimal traces keep their one form, and a plan without look-alike needles writes
 ``candidates`` as ``plan`` and ``wide`` as ``direct`` (``keyed`` as ``direct`` that writes the key).
 
-Plans never copy the question's key (the tiny model could not learn to copy a rare key into
-``<global>``); they name the chunks. Reads that depend on each other (a variable chain) are
+Plans never copy the question's key (a tiny model trained from scratch could not learn to copy a rare
+key into ``<global>``); they name the chunks. Only ``keyed`` writes the key, inside its focus, for a model
+pretrained to bind look-alike keys (models/heed-tiny-base). Reads that depend on each other (a variable chain) are
 *chained*: the model returns to global between them to find the next hop. Independent reads are
 written either as one focus over all their chunks or as back-to-back focuses. Aggregation tasks,
 whose evidence is everywhere, are written as a global survey with no focus at all, and plain
@@ -115,15 +116,8 @@ _THINK_CHECK = ("Let me check: ", "Working it out: ", "", "Now I combine what I 
 
 
 TRACE_STYLES = ("verbose", "terse")
-STRATEGIES = (
-    "plan",
-    "direct",
-    "sentence",
-    "candidates",
-    "wide",
-    "keyed",
-    "global",
-)  # terse one-hop reads (above)
+# terse one-hop reads (the module docstring)
+STRATEGIES = ("plan", "direct", "sentence", "candidates", "wide", "keyed", "global")
 # How a terse focus tag writes its chunk ids: "digits" (magic_chunks="5") or "header" (magic_chunks=" 5",
 # each id after a space, as it stands in the chunk's "Magic Chunk 5:" header and in the plan's "Chunk 5.",
 # so it is the same token there, the rule the values follow). The parser reads both alike.

@@ -55,7 +55,7 @@ class RecallWarmup:
     terse_share: float = 0.0
     terse_after: int = 0
     # from step `near_after` on (and in replay), this share of the terse tables has look-alike keys
-    # (" silver-owl: 3. silver-fox: 7."): the rung multikey's needles need
+    # (" silver-owl: 63. silver-fox: 17."): the rung multikey's needles need
     near_share: float = 0.0
     near_after: int = 0
 
