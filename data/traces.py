@@ -118,6 +118,8 @@ _THINK_CHECK = ("Let me check: ", "Working it out: ", "", "Now I combine what I 
 TRACE_STYLES = ("verbose", "terse")
 # terse one-hop reads (the module docstring)
 STRATEGIES = ("plan", "direct", "sentence", "candidates", "wide", "keyed", "global")
+# the strategies whose focus tag comes first, written before any chunk is read (refused under protocol v5)
+FOCUS_FIRST = ("direct", "wide", "keyed")
 # How a terse focus tag writes its chunk ids: "digits" (magic_chunks="5") or "header" (magic_chunks=" 5",
 # each id after a space, as it stands in the chunk's "Magic Chunk 5:" header and in the plan's "Chunk 5.",
 # so it is the same token there, the rule the values follow). The parser reads both alike.
@@ -254,7 +256,7 @@ def _render_terse(
             segments.append(f"<{nav}>{terse_where(plan.candidates)}</{nav}>")
         elif strategy == "sentence":
             segments.append(f"<{nav}>The answer is in {terse_where(chunks)}</{nav}>")
-        elif strategy not in ("direct", "wide", "keyed"):
+        elif strategy not in FOCUS_FIRST:
             segments.append(f"<{nav}>{terse_where(chunks)}</{nav}>")
         if strategy in ("wide", "keyed") and look_alikes:
             reads = [replace(r, chunks=tuple(sorted({*plan.candidates, *r.chunks}))) for r in plan.reads]

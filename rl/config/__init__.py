@@ -35,6 +35,7 @@ from typing import ClassVar
 import yaml
 
 from data.config import read_yaml
+from data.traces import FOCUS_FIRST
 from rewards.config import RewardConfig
 from rl.config.cluster import ClusterSection, RolloutSection
 from rl.config.sections import (
@@ -98,7 +99,7 @@ class RunConfig(Section):
                 f"is {navigation!r}, but the run lays prompts out without an index: set "
                 "run.index_entry_tokens (for example 10), or trace_navigation: global",
             )
-            for blind in ("direct", "wide", "keyed"):
+            for blind in FOCUS_FIRST:
                 check(
                     self.run.protocol_version < 5 or not self.data.data_config().trace_strategies.get(blind),
                     f"data.build.trace_strategies.{blind}",

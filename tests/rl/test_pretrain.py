@@ -171,6 +171,9 @@ def test_the_shipped_base_is_what_its_card_says():
     with torch.no_grad():
         losses = [
             model(input_ids=b, labels=b).loss.item()
-            for b in (corpus.batch(recipe.seed + 1, i, recipe.batch_size, recipe.seq_len) for i in range(8))
+            for b in (
+                corpus.batch(recipe.seed + 1, i, recipe.batch_size, recipe.seq_len)
+                for i in range(recipe.eval_batches)
+            )
         ]
     assert sum(losses) / len(losses) == pytest.approx(card["heldout_loss"], rel=0.02)
