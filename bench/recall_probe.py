@@ -1,7 +1,7 @@
 """Does a small decoder learn associative recall, and how fast? The skill Heed's base model must have before a
 needle in a long context can teach it anything, measured on the purest data for it.
 
-    .venv/bin/python -m bench.recall_probe [--keys magic|near|word] [--adjacent] [--first N] [--layers 4] [--steps 3500]
+    .venv/bin/python -m bench.recall_probe [--keys magic|near|word] [--adjacent | --sentences] [--first N] [--steps 3500]
     .venv/bin/python -m bench.recall_probe --checkpoint runs/pretrain/checkpoint.pt   # a pretraining run's rates
 
 It trains a randomly initialised Qwen3-architecture model of the tiny default's shape (``rl.model``, the
@@ -10,7 +10,9 @@ tasks' hyphenated keys, three to five tokens each; ``--keys near``: the same, ev
 sharing its adjective or noun, ``silver-owl`` beside ``silver-fox``, as multikey's look-alike needles do;
 ``--keys word``: single-token words), then the same keys
 asked again in any order (``--adjacent``: ``" silver-owl 63."``, the value
-right after its key, as an induction head matches; ``--first N``: adjacent single-token tables for the first N
+right after its key, as an induction head matches; ``--sentences``: each fact the tasks' needle,
+``" One of the special magic numbers for silver-owl is: 63."``, asked as ``" silver-owl is: 63."``, the key
+three tokens before its value as a ``keyed`` focus reads it; ``--first N``: adjacent single-token tables for the first N
 steps whatever the other flags say, a curriculum), ``--batch`` rows of 128 tokens a step, AdamW at ``--lr`` after 100 warm-up
 steps. Every ``--every`` steps it prints, over 60 fixed held-out tables of 2-4 and of 5-8 keys, two
 teacher-forced rates at the answer token:
@@ -35,6 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", choices=("magic", "near", "word"), default="magic")
     ap.add_argument("--adjacent", action="store_true", help="no ':' between a key and its value")
+    ap.add_argument("--sentences", action="store_true", help="facts as the tasks' needles (magic keys only)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -44,9 +47,14 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=500)
     ap.add_argument("--checkpoint", help="no training: the rates of a `heed pretrain` RUN_DIR/checkpoint.pt")
     args = ap.parse_args()
+    if args.sentences and (args.adjacent or args.keys == "word"):
+        ap.error(
+            "--sentences writes the tasks' needles: use it with --keys magic or near, without --adjacent"
+        )
 
     import torch
 
+    from data.phrasings import needle, restated
     from data.tasks.names import magic_keys
     from data.tokenizer import build_tokenizer
     from rl.model import TinyModelConfig, build_tiny_model
@@ -71,6 +79,10 @@ def main() -> None:
         else:  # "near": every key after the first shares a word with it, as multikey's look-alikes do
             keys = magic_keys(rng, n, near=n - 1 if args.keys == "near" else 0)
         value = dict(zip(keys, map(str, rng.sample(range(10, 100), n)), strict=True))
+        if args.sentences and not easy:
+            fact = {k: needle(rng, "ruler", k, value[k]) for k in keys}
+            asked = "\n".join(f" {restated(fact[k], k, value[k])}." for k in rng.choices(keys, k=n))
+            return "".join(f" {fact[k]}" for k in keys) + f"\n\n{asked}\n", list(value.values())
         sep = " " if args.adjacent or easy else ": "
         facts = "".join(f" {k}{sep}{value[k]}." for k in keys)
         asked = "\n".join(f" {k}{sep}{value[k]}." for k in rng.choices(keys, k=n))

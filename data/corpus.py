@@ -116,15 +116,18 @@ class Corpus:
         seq_len: int,
         terse_share: float = 0.0,
         near_share: float = 0.0,
+        sentence_share: float = 0.0,
     ) -> torch.Tensor:
-        """A batch of :meth:`recall_table` documents only, ``terse_share`` of them in the tasks' terse form
-        and ``near_share`` of those with look-alike keys: what a pretraining run starts on (its
-        ``recall_warmup``) so that recall forms before the corpus's longer forms need it."""
+        """A batch of :meth:`recall_table` documents only, ``terse_share`` of them in the tasks' terse form,
+        ``near_share`` of those with look-alike keys and ``sentence_share`` of them (drawn apart) with their
+        facts in sentences: what a pretraining run starts on (its ``recall_warmup``) so that recall forms
+        before the corpus's longer forms need it."""
 
         def table(r: random.Random) -> list[int]:
             terse = terse_share > 0 and r.random() < terse_share  # no draw when 0: the same batches
             near = terse and near_share > 0 and r.random() < near_share
-            return self._ids(self.recall_table(r, terse=terse, near=near))
+            sentences = terse and sentence_share > 0 and r.random() < sentence_share
+            return self._ids(self.recall_table(r, terse=terse, near=near, sentences=sentences))
 
         return self._pack(random.Random(f"{seed}/warmup/{step}"), table, batch_size, seq_len)
 
@@ -217,7 +220,9 @@ class Corpus:
             lines = [f"The magic number of {k} is {values[k]}." for k in asked]
         return "".join(facts) + "\n\n" + "\n".join(lines) + "\n"
 
-    def recall_table(self, rng: random.Random, terse: bool = False, near: bool = False) -> str:
+    def recall_table(
+        self, rng: random.Random, terse: bool = False, near: bool = False, sentences: bool = False
+    ) -> str:
         """The easiest associative recall: 2-4 words of the word list (one token each after a space), each
         followed at once by its number (``" owl 63."``), then the words asked again in any order with their
         numbers. An induction head solves it by matching one token back; a small model learns that here in
@@ -225,14 +230,24 @@ class Corpus:
         (``" silver-owl: 63."``), which it does not learn from the start in that budget (bench/BENCHMARKS.md,
         "Copying is learned, binding is not"). ``near`` (terse only): every key after the first shares a
         word with it (``silver-owl`` beside ``silver-fox``), multikey's look-alikes, which a model that binds
-        unrelated keys still confuses."""
-        if near and not terse:
-            raise ValueError("recall_table(near=True) needs terse=True: look-alike keys are the tasks' keys")
+        unrelated keys still confuses. ``sentences`` (terse only): the facts are the tasks' needles in the
+        corpus's phrasing family (``" One of the special magic numbers for silver-owl is: 63."``) and each
+        is restated from its key to its value (``" silver-owl is: 63."``): the key is then several tokens
+        before its value, as in the documents, where a binding learned on ``key: value`` weakens."""
+        if (near or sentences) and not terse:
+            raise ValueError(
+                "recall_table(near=True or sentences=True) needs terse=True: they are the tasks' keys"
+            )
         digits = self.config.value_digits
         n = rng.randint(2, 4)
         keys = magic_keys(rng, n, near=n - 1 if near else 0) if terse else rng.sample(_word_list(), n)
         numbers = rng.sample(range(10 ** (digits - 1), 10**digits), n)
         value = dict(zip(keys, map(str, numbers), strict=True))
+        if sentences:
+            fact = {k: phrasings.needle(rng, self.config.phrasing, k, value[k]) for k in keys}
+            facts = "".join(f" {fact[k]}" for k in keys)
+            asked = [f" {phrasings.restated(fact[k], k, value[k])}." for k in rng.choices(keys, k=n)]
+            return facts + "\n\n" + "\n".join(asked) + "\n"
         sep = ": " if terse else " "
         facts = "".join(f" {k}{sep}{value[k]}." for k in keys)
         return facts + "\n\n" + "\n".join(f" {k}{sep}{value[k]}." for k in rng.choices(keys, k=n)) + "\n"

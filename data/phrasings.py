@@ -92,5 +92,22 @@ def question(rng: random.Random, family: str, key: str) -> str:
     return _capital(rng.choice(QUESTIONS[family]).format(key=key))
 
 
+def restated(fact: str, key: str, value) -> str:
+    """``fact`` from its key through its value, what a reader restates to bind the two (a ``keyed`` trace's
+    focus, the base's sentence recall tables); "" when either is missing from it.
+
+    >>> restated("One of the special magic numbers for silver-owl is: 63.", "silver-owl", 63)
+    'silver-owl is: 63'
+    >>> restated("Write this down: silver-owl has the magic number 63.", "silver-owl", "63")
+    'silver-owl has the magic number 63'
+    >>> restated("The magic number of silver-owl is that of red-fox.", "silver-owl", 63)
+    ''
+    """
+    value = str(value)
+    start = fact.find(key) if key and value else -1
+    end = fact.find(value, start + len(key)) if start >= 0 else -1
+    return fact[start : end + len(value)] if end >= 0 else ""
+
+
 def _capital(text: str) -> str:
     return text[0].upper() + text[1:]

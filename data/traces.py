@@ -75,6 +75,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
+from .phrasings import restated
+
 _OPENERS = (
     "I need {need}.",
     "The question asks for {need}.",
@@ -148,9 +150,7 @@ class Read:
         >>> Read((5,), "One of the special magic numbers for silver-owl is: 63.", "63", "silver-owl").keyed
         'silver-owl is: 63'
         """
-        start = self.quote.find(self.key) if self.key and self.value else -1
-        end = self.quote.find(self.value, start + len(self.key)) if start >= 0 else -1
-        return self.quote[start : end + len(self.value)] if end >= 0 else self.span
+        return restated(self.quote, self.key, self.value) or self.span
 
 
 @dataclass(frozen=True)

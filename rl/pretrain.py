@@ -58,6 +58,12 @@ class RecallWarmup:
     # (" silver-owl: 63. silver-fox: 17."): the rung multikey's needles need
     near_share: float = 0.0
     near_after: int = 0
+    # from step `sentence_after` on (and in replay), this share of the terse tables (drawn apart from
+    # `near_share`) states its facts as the tasks' needles and restates each from its key
+    # (" One of the special magic numbers for silver-owl is: 63. ... silver-owl is: 63."): the key
+    # several tokens before its value, as a `keyed` focus reads it in a document
+    sentence_share: float = 0.0
+    sentence_after: int = 0
 
     def __post_init__(self):
         check(self.steps >= 0, "recall_warmup.steps", "must be >= 0")
@@ -67,10 +73,17 @@ class RecallWarmup:
         check(self.terse_after >= 0, "recall_warmup.terse_after", "must be >= 0")
         check(0 <= self.near_share <= 1, "recall_warmup.near_share", "must be in [0, 1]")
         check(self.near_after >= 0, "recall_warmup.near_after", "must be >= 0")
+        check(0 <= self.sentence_share <= 1, "recall_warmup.sentence_share", "must be in [0, 1]")
+        check(self.sentence_after >= 0, "recall_warmup.sentence_after", "must be >= 0")
         check(
             not self.near_share or self.terse_share,
             "recall_warmup.near_share",
             "needs terse_share > 0: look-alike keys come in the terse tables",
+        )
+        check(
+            not self.sentence_share or self.terse_share,
+            "recall_warmup.sentence_share",
+            "needs terse_share > 0: sentence tables are terse tables with their facts in sentences",
         )
 
 
@@ -249,7 +262,10 @@ class Pretraining:
         cfg, warmup = self.config, self.config.recall_warmup
         terse = warmup.terse_share if step >= warmup.terse_after else 0.0
         near = warmup.near_share if step >= warmup.near_after else 0.0
-        return self.corpus.warmup_batch(cfg.seed, step, warmup.batch_size, warmup.seq_len, terse, near)
+        sentences = warmup.sentence_share if step >= warmup.sentence_after else 0.0
+        return self.corpus.warmup_batch(
+            cfg.seed, step, warmup.batch_size, warmup.seq_len, terse, near, sentences
+        )
 
     def tokens_left(self) -> int:
         """Tokens the steps still to run will train on."""

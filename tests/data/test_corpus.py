@@ -135,9 +135,34 @@ def test_a_look_alike_table_shares_a_word_of_its_first_key_in_every_other_key(co
     assert all(re.fullmatch(r" ([a-z]+)-([a-z]+): (\d\d)\.", line).groups() in pairs for line in lines)
 
 
+@given(seed=st.integers(0, 10**6), near=st.booleans())
+def test_a_sentence_table_restates_each_asked_fact_from_its_key_to_its_value(corpus, seed, near):
+    """``sentences``, hand-read: the facts are needles of the corpus's family (each names one key and then its
+    two-digit number), and each asked line is a stretch of one fact that starts at its key and ends at its
+    number."""
+    table = corpus.recall_table(random.Random(seed), terse=True, near=near, sentences=True)
+    facts, _, asked = table.partition("\n\n")
+    sentences = re.findall(r" ([^.]*?([a-z]+-[a-z]+)[^.]*? (\d\d)\.)", facts)
+    assert 2 <= len(sentences) <= 4 and "".join(f" {s}" for s, _, _ in sentences) == facts
+    value = {k: v for _, k, v in sentences}
+    sentence = {k: s for s, k, _ in sentences}
+    assert len(value) == len(sentences)
+    family = corpus.config.phrasing
+    templates = phrasings.NEEDLES[family]  # every fact one of its family's needles, capitalised
+    assert all(
+        any(sentence[k] == (t[0].upper() + t[1:]).format(key=k, value=value[k]) for t in templates)
+        for k in value
+    )
+    for line in asked.strip("\n").split("\n"):
+        key = re.match(r" ([a-z]+-[a-z]+) ", line).group(1)
+        assert line.endswith(f" {value[key]}.") and line[1:-1] in sentence[key], line
+
+
 def test_look_alike_tables_need_the_terse_form(corpus):
     with pytest.raises(ValueError, match="terse=True"):
         corpus.recall_table(random.Random(0), near=True)
+    with pytest.raises(ValueError, match="terse=True"):
+        corpus.recall_table(random.Random(0), sentences=True)
 
 
 def test_warmup_batches_are_recall_tables_and_a_function_of_seed_and_step(corpus, tokenizer):
