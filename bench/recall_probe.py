@@ -11,8 +11,8 @@ sharing its adjective or noun, ``silver-owl`` beside ``silver-fox``, as multikey
 ``--keys word``: single-token words), then the same keys
 asked again in any order (``--adjacent``: ``" silver-owl 63."``, the value
 right after its key, as an induction head matches; ``--sentences``: each fact the tasks' needle,
-``" One of the special magic numbers for silver-owl is: 63."``, asked as ``" silver-owl is: 63."``, the key
-three tokens before its value as a ``keyed`` focus reads it; ``--first N``: adjacent single-token tables for the first N
+``" One of the special magic numbers for silver-owl is: 63."``, asked as ``" silver-owl is: 63."``, words
+between the key and its value as a ``keyed`` focus reads it; ``--first N``: adjacent single-token tables for the first N
 steps whatever the other flags say, a curriculum), ``--batch`` rows of 128 tokens a step, AdamW at ``--lr`` after 100 warm-up
 steps. Every ``--every`` steps it prints, over 60 fixed held-out tables of 2-4 and of 5-8 keys, two
 teacher-forced rates at the answer token:
