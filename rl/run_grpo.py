@@ -33,6 +33,7 @@ def grpo_trainer(
     from rewards.trl_rewards import trl_reward_functions
     from rl.curriculum import CurriculumSampler
     from rl.grpo import DARollout, HeedGRPOTrainer
+    from rl.run_inputs import grpo_start
     from rollouts.protocol import token_bytes_table
 
     cfg, g = config, config.grpo
@@ -58,6 +59,10 @@ def grpo_trainer(
     funcs, weights = trl_reward_functions(cfg.rewards, decode_cost, token_bytes_table(tokenizer))
     args.reward_weights = weights
     rollout = DARollout(pool, examples, tokenizer, layout=cfg.run.prompt_layout(), seed=cfg.run.seed)
+    if g.beta:
+        # TRL loads the KL reference from the policy config's `_name_or_path`: the base the tag tokens
+        # outgrew, or the checkpoint a resume loaded. The reference is the policy GRPO starts from.
+        model.config._name_or_path = str(grpo_start(run_dir))
     trainer = HeedGRPOTrainer(
         model=model,
         args=args,

@@ -27,6 +27,20 @@ def complete_checkpoints(run_dir: str | Path) -> list[Path]:
     return [Path(run_dir) / "checkpoints" / f"checkpoint-{step}" for step in complete_steps(run_dir)]
 
 
+# The folders the phases before GRPO save their policy to, the latest phase first: GRPO starts from the
+# first of them that a run holds.
+BEFORE_GRPO = ("grpo_budgets", "budget_search", "sft", "copy_warmup", "init")
+
+
+def grpo_start(run_dir: str | Path) -> Path:
+    """The folder holding the policy GRPO starts from: its KL reference (``grpo.beta > 0``), whether the
+    run is fresh or resumes from a GRPO checkpoint."""
+    for name in BEFORE_GRPO:
+        if (Path(run_dir) / name / "config.json").is_file():
+            return Path(run_dir) / name
+    raise FileNotFoundError(f"{run_dir} holds no policy saved before GRPO (any of {', '.join(BEFORE_GRPO)})")
+
+
 def run_tokenizer(config: RunConfig, run_dir: Path):
     """``RUN_DIR/tokenizer``, saved there first from ``tokenizer.path`` (or the model's), or the local BPE."""
     from transformers import AutoTokenizer
@@ -88,11 +102,7 @@ def run_model(config: RunConfig, run_dir: Path, tokenizer, budgets: Sequence[int
     for folder in (
         run_dir / "final",
         *reversed(complete_checkpoints(run_dir)),
-        run_dir / "grpo_budgets",
-        run_dir / "budget_search",
-        run_dir / "sft",
-        run_dir / "copy_warmup",
-        run_dir / "init",
+        *(run_dir / name for name in BEFORE_GRPO),
     ):
         if (folder / "config.json").is_file():
             return load_policy(config, folder, budgets), folder
