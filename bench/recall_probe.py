@@ -20,6 +20,9 @@ teacher-forced rates at the answer token:
 - ``acc``: the argmax is the asked key's value (recall);
 - ``copy``: the argmax is one of the table's values (any of them).
 
+With ``--keys near`` ``acc`` is also split by the word the asked key shares with another key of its table
+(``adjective twin``, ``noun twin``, ``both``: bench/look_alikes.py), the noun twin being the harder one.
+
 ``copy`` near 1 with ``acc`` near ``1 / keys`` (0.36 for 2-4 keys, 0.15 for 5-8) is a model that has learned
 to copy a value but not to bind it to its key; recall is ``acc`` near ``copy``. What is left out: the
 corpus's other documents, longer rows and any schedule but warm-up (``heed pretrain`` has them).
@@ -54,6 +57,7 @@ def main() -> None:
 
     import torch
 
+    from bench.look_alikes import twin
     from data.phrasings import needle, restated
     from data.tasks.names import magic_keys
     from data.tokenizer import build_tokenizer
@@ -71,8 +75,8 @@ def main() -> None:
     sep = tok.convert_tokens_to_ids("<|endoftext|>")
     words = sorted({t[1:] for t in tok.get_vocab() if t.startswith("Ġ") and t[1:].isalpha() and len(t) > 3})
 
-    def table(rng: random.Random, low: int, high: int, easy: bool = False) -> tuple[str, list[str]]:
-        """A table and its values; ``easy``: adjacent single-token keys, whatever the flags say."""
+    def table(rng: random.Random, low: int, high: int, easy: bool = False) -> tuple[str, dict[str, str]]:
+        """A table and each key's value; ``easy``: adjacent single-token keys, whatever the flags say."""
         n = rng.randint(low, high)
         if args.keys == "word" or easy:
             keys = rng.sample(words, n)
@@ -82,11 +86,11 @@ def main() -> None:
         if args.sentences and not easy:
             fact = {k: needle(rng, "ruler", k, value[k]) for k in keys}
             asked = "\n".join(f" {restated(fact[k], k, value[k])}." for k in rng.choices(keys, k=n))
-            return "".join(f" {fact[k]}" for k in keys) + f"\n\n{asked}\n", list(value.values())
+            return "".join(f" {fact[k]}" for k in keys) + f"\n\n{asked}\n", value
         sep = " " if args.adjacent or easy else ": "
         facts = "".join(f" {k}{sep}{value[k]}." for k in keys)
         asked = "\n".join(f" {k}{sep}{value[k]}." for k in rng.choices(keys, k=n))
-        return f"{facts}\n\n{asked}\n", list(value.values())
+        return f"{facts}\n\n{asked}\n", value
 
     def batch(rng: random.Random, easy: bool, seq_len: int = 128) -> torch.Tensor:
         rows = []
@@ -100,8 +104,10 @@ def main() -> None:
     @torch.no_grad()
     def rates(low: int, high: int) -> str:
         rng, right, copied, total = random.Random(123), 0, 0, 0
+        by_twin: dict[str, list[int]] = {}  # --keys near: [right, total] by the word the asked key shares
         for _ in range(60):
-            text, values = table(rng, low, high)
+            text, value = table(rng, low, high)
+            keys, values = list(value), list(value.values())
             enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
             ids = torch.tensor([enc["input_ids"]])
             pred = model(ids).logits[0].argmax(-1)
@@ -111,9 +117,16 @@ def main() -> None:
                 start = body + m.start(1) - 1  # the value's token starts at its space
                 j = next(k for k, (a, b) in enumerate(enc["offset_mapping"]) if a <= start < b)
                 total += 1
-                right += int(pred[j - 1] == ids[0, j])
+                hit = int(pred[j - 1] == ids[0, j])
+                right += hit
                 copied += int(int(pred[j - 1]) in value_ids)
-        return f"acc {right / total:.2f} copy {copied / total:.2f}"
+                if args.keys == "near":
+                    key = keys[values.index(m.group(1))]
+                    cell = by_twin.setdefault(twin(key, [k for k in keys if k != key]), [0, 0])
+                    cell[0] += hit
+                    cell[1] += 1
+        split = "".join(f", {t} twin {r / n:.2f} (n={n})" for t, (r, n) in sorted(by_twin.items()))
+        return f"acc {right / total:.2f} copy {copied / total:.2f}{split}"
 
     if args.checkpoint:  # a pretraining run of this shape (configs/base/tiny-base.yaml's)
         state = torch.load(args.checkpoint, weights_only=True)

@@ -117,17 +117,20 @@ class Corpus:
         terse_share: float = 0.0,
         near_share: float = 0.0,
         sentence_share: float = 0.0,
+        noun_share: float = 0.0,
     ) -> torch.Tensor:
         """A batch of :meth:`recall_table` documents only, ``terse_share`` of them in the tasks' terse form,
         ``near_share`` of those with look-alike keys and ``sentence_share`` of them (drawn apart) with their
-        facts in sentences: what a pretraining run starts on (its ``recall_warmup``) so that recall forms
+        facts in sentences, ``noun_share`` of the look-alike ones with every look-alike sharing the noun
+        (``magic_keys(share="noun")``, the harder twin): what a pretraining run starts on (its ``recall_warmup``) so that recall forms
         before the corpus's longer forms need it."""
 
         def table(r: random.Random) -> list[int]:
             terse = terse_share > 0 and r.random() < terse_share  # no draw when 0: the same batches
             near = terse and near_share > 0 and r.random() < near_share
             sentences = terse and sentence_share > 0 and r.random() < sentence_share
-            return self._ids(self.recall_table(r, terse=terse, near=near, sentences=sentences))
+            twins = "noun" if near and noun_share > 0 and r.random() < noun_share else "either"
+            return self._ids(self.recall_table(r, terse=terse, near=near, sentences=sentences, twins=twins))
 
         return self._pack(random.Random(f"{seed}/warmup/{step}"), table, batch_size, seq_len)
 
@@ -221,7 +224,12 @@ class Corpus:
         return "".join(facts) + "\n\n" + "\n".join(lines) + "\n"
 
     def recall_table(
-        self, rng: random.Random, terse: bool = False, near: bool = False, sentences: bool = False
+        self,
+        rng: random.Random,
+        terse: bool = False,
+        near: bool = False,
+        sentences: bool = False,
+        twins: str = "either",
     ) -> str:
         """The easiest associative recall: 2-4 words of the word list (one token each after a space), each
         followed at once by its number (``" owl 63."``), then the words asked again in any order with their
@@ -230,7 +238,7 @@ class Corpus:
         (``" silver-owl: 63."``), which it does not learn from the start in that budget (bench/BENCHMARKS.md,
         "Copying is learned, binding is not"). ``near`` (terse only): every key after the first shares a
         word with it (``silver-owl`` beside ``silver-fox``), multikey's look-alikes, which a model that binds
-        unrelated keys still confuses. ``sentences`` (terse only): the facts are the tasks' needles in the
+        unrelated keys still confuses; ``twins="noun"``: the word shared is always the noun. ``sentences`` (terse only): the facts are the tasks' needles in the
         corpus's phrasing family (``" One of the special magic numbers for silver-owl is: 63."``) and each
         is restated from its key to its value (``" silver-owl is: 63."``): the key is then several tokens
         before its value, as in the documents, where a binding learned on ``key: value`` weakens."""
@@ -240,7 +248,10 @@ class Corpus:
             )
         digits = self.config.value_digits
         n = rng.randint(2, 4)
-        keys = magic_keys(rng, n, near=n - 1 if near else 0) if terse else rng.sample(_word_list(), n)
+        if terse:
+            keys = magic_keys(rng, n, near=n - 1 if near else 0, share=twins)
+        else:
+            keys = rng.sample(_word_list(), n)
         numbers = rng.sample(range(10 ** (digits - 1), 10**digits), n)
         value = dict(zip(keys, map(str, numbers), strict=True))
         if sentences:

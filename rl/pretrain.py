@@ -64,6 +64,11 @@ class RecallWarmup:
     # several tokens before its value, as a `keyed` focus reads it in a document
     sentence_share: float = 0.0
     sentence_after: int = 0
+    # this share of the look-alike tables has every look-alike share the first key's noun
+    # (" weak-church: 63. cold-church: 17."): the value then follows the same words in each fact, and only
+    # the adjective several tokens back tells them apart, the twin a model that binds by the last word
+    # before the value confuses; the rest share the adjective or the noun, drawn
+    noun_share: float = 0.0
 
     def __post_init__(self):
         check(self.steps >= 0, "recall_warmup.steps", "must be >= 0")
@@ -75,6 +80,12 @@ class RecallWarmup:
         check(self.near_after >= 0, "recall_warmup.near_after", "must be >= 0")
         check(0 <= self.sentence_share <= 1, "recall_warmup.sentence_share", "must be in [0, 1]")
         check(self.sentence_after >= 0, "recall_warmup.sentence_after", "must be >= 0")
+        check(0 <= self.noun_share <= 1, "recall_warmup.noun_share", "must be in [0, 1]")
+        check(
+            not self.noun_share or self.near_share,
+            "recall_warmup.noun_share",
+            "needs near_share > 0: it is a share of the look-alike tables",
+        )
         check(
             not self.near_share or self.terse_share,
             "recall_warmup.near_share",
@@ -264,7 +275,7 @@ class Pretraining:
         near = warmup.near_share if step >= warmup.near_after else 0.0
         sentences = warmup.sentence_share if step >= warmup.sentence_after else 0.0
         return self.corpus.warmup_batch(
-            cfg.seed, step, warmup.batch_size, warmup.seq_len, terse, near, sentences
+            cfg.seed, step, warmup.batch_size, warmup.seq_len, terse, near, sentences, warmup.noun_share
         )
 
     def tokens_left(self) -> int:

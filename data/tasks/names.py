@@ -16,12 +16,17 @@ _KEY_NOUNS = ("animal", "thing", "food", "place")
 _COMPOUND_TAILS = ("field", "ford", "gate", "brook", "stone", "wood", "bury", "mouth", "haven", "moor")
 
 
-def magic_keys(rng: random.Random, k: int, near: int = 0) -> list[str]:
+def magic_keys(rng: random.Random, k: int, near: int = 0, share: str = "either") -> list[str]:
     """``k`` distinct ``adjective-noun`` keys such as ``"silver-owl"``.
 
-    The last ``near`` keys are near misses of the first: they share its adjective or its noun, which
-    is what makes a distractor needle hard to tell apart from the real one.
+    The last ``near`` keys are near misses of the first: they share its adjective or its noun (``share``:
+    ``"either"``, each drawn, or always ``"noun"``), which is what makes a distractor needle hard to tell
+    apart from the real one. A key that shares the noun is the harder twin: in ``weak-church is: 63`` and
+    ``cold-church is: 17`` the value follows the same words, and only the adjective several tokens back
+    tells them apart.
     """
+    if share not in ("either", "noun"):
+        raise ValueError(f"magic_keys(share={share!r}): use 'either' or 'noun'")
     cats = lexicon()
     nouns = [w for c in _KEY_NOUNS for w in cats[c]]
     adjectives = cats["adjective"]
@@ -30,7 +35,10 @@ def magic_keys(rng: random.Random, k: int, near: int = 0) -> list[str]:
         adj, noun = rng.choice(adjectives), rng.choice(nouns)
         if keys and len(keys) >= k - near:
             first_adj, first_noun = keys[0].split("-")
-            adj, noun = (first_adj, noun) if rng.random() < 0.5 else (adj, first_noun)
+            if share == "noun" or rng.random() >= 0.5:
+                noun = first_noun
+            else:
+                adj = first_adj
         key = f"{adj}-{noun}"
         if key not in keys:
             keys.append(key)

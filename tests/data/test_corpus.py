@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from data import phrasings
 from data.corpus import Corpus, CorpusConfig
+from data.tasks.names import magic_keys
 from rollouts.protocol import PROTOCOL_TAG_TOKENS
 
 from .solvers import niah_twohop
@@ -133,6 +134,30 @@ def test_a_look_alike_table_shares_a_word_of_its_first_key_in_every_other_key(co
     assert all((a == adj) != (n == noun) for a, n in rest)  # one word shared, never both
     lines = asked.strip("\n").split("\n")
     assert all(re.fullmatch(r" ([a-z]+)-([a-z]+): (\d\d)\.", line).groups() in pairs for line in lines)
+
+
+@given(seed=st.integers(0, 10**6), sentences=st.booleans())
+def test_a_noun_twin_table_shares_the_first_keys_noun_in_every_other_key(corpus, seed, sentences):
+    """``twins="noun"``, hand-read from the text: every key after the first has the first's noun and an
+    adjective of its own, so the words right before each value are the same in every fact."""
+    table = corpus.recall_table(random.Random(seed), terse=True, near=True, sentences=sentences, twins="noun")
+    facts = table.partition("\n\n")[0]
+    keys = list(dict.fromkeys(re.findall(r" ([a-z]+)-([a-z]+)[: ]", facts)))
+    assert 2 <= len(keys) <= 4
+    (adj, noun), rest = keys[0], keys[1:]
+    assert all(n == noun and a != adj for a, n in rest)
+    assert len({a for a, _ in keys}) == len(keys)
+
+
+def test_noun_twins_are_a_share_of_the_look_alike_tables_and_cost_no_draw_at_zero(corpus, tokenizer):
+    args = dict(seed=0, step=3, batch_size=4, seq_len=256, terse_share=1.0, near_share=1.0)
+    assert (corpus.warmup_batch(**args) == corpus.warmup_batch(**args, noun_share=0.0)).all()
+    text = tokenizer.decode(corpus.warmup_batch(**args, noun_share=1.0)[0])
+    for document in text.split("<|endoftext|>")[:-1]:  # the last one is cut at seq_len
+        keys = re.findall(r" ([a-z]+)-([a-z]+): \d\d\.", document.partition("\n\n")[0])
+        assert all(n == keys[0][1] for _, n in keys[1:]), document
+    with pytest.raises(ValueError, match="share"):
+        magic_keys(random.Random(0), 3, near=2, share="adverb")
 
 
 @given(seed=st.integers(0, 10**6), near=st.booleans())
