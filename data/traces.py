@@ -57,9 +57,18 @@ context (under protocol v4, where closing tags rest in ``local``, the answer rea
                                                           how a model reads before it learns to focus
 
 Under protocol v5, where decoding starts with no chunk in view, ``direct`` would choose its chunk
-blind: a run on v5 refuses it (``RunConfig.validate``). Only the terse style draws strategies; chained
-reads, surveys and minimal traces keep their one form, and a plan without look-alike needles writes
-``candidates`` as ``plan`` and ``wide`` as ``direct`` (``keyed`` as ``direct`` that writes the key).
+blind: a run on v5 refuses it (``RunConfig.validate``). Only the terse style draws strategies; surveys and
+minimal traces keep their one form, chained reads too except under ``keyed``, which focuses the first hop
+at once (the asked key of a two-hop question has no look-alike) and copies the key it links to, then
+lists in global every chunk that may hold the next hop (``TracePlan.candidates``: the linked key's needle
+and its look-alikes) and focuses them all, writing the linked key through its value::
+
+    <focus magic_chunks=" 2"> early-onion</focus>
+    <global>Chunks 4, 7 and 9.</global>
+    <focus magic_chunks=" 4 7 9"> early-onion is: 90</focus>
+    <answer> 90</answer>
+
+A plan without look-alike needles writes ``candidates`` as ``plan`` and ``wide`` as ``direct`` (``keyed`` as ``direct`` that writes the key).
 
 Plans never copy the question's key (a tiny model trained from scratch could not learn to copy a rare
 key into ``<global>``); they name the chunks. Only ``keyed`` writes the key, inside its focus, for a model
@@ -242,6 +251,12 @@ def _render_terse(
     segments = []
     if plan.survey:
         segments.append(f"<global>{plan.survey}</global>")
+    elif plan.chained and strategy == "keyed":
+        for i, read in enumerate(plan.reads):
+            if i:  # back in global to find the next hop: every chunk that may hold it
+                read = replace(read, chunks=tuple(sorted({*plan.candidates, *read.chunks})))
+                segments.append(f"<{nav}>{terse_where(read.chunks)}</{nav}>")
+            segments.append(_terse_focus(read, ids, keyed=True))
     elif plan.chained:
         for read in plan.reads:
             segments.append(f"<{nav}>{terse_where(read.chunks)}</{nav}>")

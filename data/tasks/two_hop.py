@@ -68,8 +68,9 @@ class TwoHopNeedle(Task):
         plan = TracePlan(
             answer=answer,
             need="the special magic number of the key it names",
-            reads=(Read((first + 1,), hop, keys[0]), Read((second + 1,), facts[0], answer)),
+            reads=(Read((first + 1,), hop, keys[0]), Read((second + 1,), facts[0], answer, keys[0])),
             chained=True,
+            candidates=tuple(sorted([second + 1, *(d + 1 for d in others)])),  # the second hop's look-alikes
         )
         return Draft(
             question=question,

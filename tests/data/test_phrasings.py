@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from data import phrasings
 from data.tasks import make_task
+from data.traces import render_trace
+from rollouts.protocol import parse_completion
 
 from .helpers import generate
 from .solvers import niah_twohop
@@ -72,6 +74,22 @@ def test_two_hop_link_comes_first_and_a_reader_of_the_text_alone_answers(tokeniz
     # the look-alikes: half the distractor keys share a word with the linked key
     linked = set(draft.meta["linked_key"].split("-"))
     assert any(linked & set(k.split("-")) for k in draft.meta["distractor_keys"])
+    # the keyed chain: the link's chunk, copying the linked key; then every chunk holding a needle
+    # of the linked key or a look-alike (found here in the text), the linked needle's words on to the answer
+    trace = render_trace(draft.plan, random.Random(0), False, "terse", strategy="keyed")
+    parsed = parse_completion(trace, len(draft.documents), version=4)
+    assert (parsed.answer, parsed.violations) == (draft.answers[0], [])
+    first, second = [s for s in parsed.segments if s.mode == "focus"]
+    facts = [draft.needles[1], *draft.meta["distractor_needles"]]
+    holding = tuple(sorted(i for i, doc in enumerate(draft.documents, 1) if any(f in doc for f in facts)))
+    assert (first.chunks, second.chunks) == ((link_chunk,), holding)
+    link, fact = re.findall(r"<focus[^>]*> (.*?)</focus>", trace)
+    assert link == draft.meta["linked_key"]
+    assert (
+        fact.startswith(draft.meta["linked_key"])
+        and fact.endswith(draft.answers[0])
+        and fact in draft.needles[1]
+    )
 
 
 def test_two_hop_out_of_distribution_is_the_heldout_family(tokenizer):

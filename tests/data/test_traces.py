@@ -223,7 +223,38 @@ def test_each_strategy_reads_one_needle_its_own_way():
     assert render_trace(unkeyed, random.Random(0), False, "terse", strategy="keyed") == rendered["wide"]
     chain = TracePlan(answer="X", reads=(Read((3,), "A = B."), Read((5,), "B = X.")), chained=True)
     forms = {render_trace(chain, random.Random(0), False, "terse", strategy=s) for s in STRATEGIES}
-    assert len(forms) == 1
+    assert len(forms) == 2  # chains keep their one form, but for `keyed`
+
+
+def test_a_keyed_chain_focuses_the_first_hop_at_once_and_the_second_hops_look_alikes():
+    """By hand: a two-hop plan (link in chunk 2, the linked needle in 4, look-alikes in 1 and 5)."""
+    chain = TracePlan(
+        answer="90",
+        reads=(
+            Read((2,), "The magic number of long-house is that of early-onion.", "early-onion"),
+            Read((4,), "One of the special magic numbers for early-onion is: 90.", "90", "early-onion"),
+        ),
+        chained=True,
+        candidates=(1, 4, 5),
+    )
+    keyed = render_trace(chain, random.Random(0), False, "terse", strategy="keyed", chunk_ids="header")
+    assert keyed == (
+        '<focus magic_chunks=" 2"> early-onion</focus>\n'
+        "<global>Chunks 1, 4 and 5.</global>\n"
+        '<focus magic_chunks=" 1 4 5"> early-onion is: 90</focus>\n'
+        "<answer> 90</answer>"
+    )
+    parsed = parse_completion(keyed, 7, version=4)
+    assert (parsed.answer, parsed.violations) == ("90", [])
+    assert [(s.mode, s.chunks) for s in parsed.segments if s.mode == "focus"] == [
+        ("focus", (2,)),
+        ("focus", (1, 4, 5)),
+    ]
+    # the other strategies keep the chain's one form: navigate in global before each read
+    assert render_trace(chain, random.Random(0), False, "terse", strategy="plan") == (
+        '<global>Chunk 2.</global>\n<focus magic_chunks="2"> early-onion</focus>\n'
+        '<global>Chunk 4.</global>\n<focus magic_chunks="4"> 90</focus>\n<answer> 90</answer>'
+    )
 
 
 def test_header_chunk_ids_are_the_header_token_and_parse_as_digits(tokenizer):
