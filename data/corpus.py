@@ -122,8 +122,8 @@ class Corpus:
         """A batch of :meth:`recall_table` documents only, ``terse_share`` of them in the tasks' terse form,
         ``near_share`` of those with look-alike keys and ``sentence_share`` of them (drawn apart) with their
         facts in sentences, ``noun_share`` of the look-alike ones with every look-alike sharing the noun
-        (``magic_keys(share="noun")``, the harder twin): what a pretraining run starts on (its ``recall_warmup``) so that recall forms
-        before the corpus's longer forms need it."""
+        (``magic_keys(share="noun")``, the harder twin): what a pretraining run starts on (its
+        ``recall_warmup``) so that recall forms before the corpus's longer forms need it."""
 
         def table(r: random.Random) -> list[int]:
             terse = terse_share > 0 and r.random() < terse_share  # no draw when 0: the same batches
@@ -238,10 +238,11 @@ class Corpus:
         (``" silver-owl: 63."``), which it does not learn from the start in that budget (bench/BENCHMARKS.md,
         "Copying is learned, binding is not"). ``near`` (terse only): every key after the first shares a
         word with it (``silver-owl`` beside ``silver-fox``), multikey's look-alikes, which a model that binds
-        unrelated keys still confuses; ``twins="noun"``: the word shared is always the noun. ``sentences`` (terse only): the facts are the tasks' needles in the
-        corpus's phrasing family (``" One of the special magic numbers for silver-owl is: 63."``) and each
-        is restated from its key to its value (``" silver-owl is: 63."``): the key is then several tokens
-        before its value, as in the documents, where a binding learned on ``key: value`` weakens."""
+        unrelated keys still confuses; ``twins="noun"``: the word shared is always the noun. ``sentences``
+        (terse only): the facts are the tasks' needles in the corpus's phrasing family
+        (``" One of the special magic numbers for silver-owl is: 63."``) and each is restated from its key
+        to its value (``" silver-owl is: 63."``): the key is then several tokens before its value, as in the
+        documents, where a binding learned on ``key: value`` weakens."""
         if (near or sentences) and not terse:
             raise ValueError(
                 "recall_table(near=True or sentences=True) needs terse=True: they are the tasks' keys"

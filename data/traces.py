@@ -68,7 +68,8 @@ and its look-alikes) and focuses them all, writing the linked key through its va
     <focus magic_chunks=" 4 7 9"> early-onion is: 90</focus>
     <answer> 90</answer>
 
-A plan without look-alike needles writes ``candidates`` as ``plan`` and ``wide`` as ``direct`` (``keyed`` as ``direct`` that writes the key).
+A plan without look-alike needles writes ``candidates`` as ``plan`` and ``wide`` as ``direct`` (``keyed``
+as ``direct`` that writes the key).
 
 Plans never copy the question's key (a tiny model trained from scratch could not learn to copy a rare
 key into ``<global>``); they name the chunks. Only ``keyed`` writes the key, inside its focus, for a model
