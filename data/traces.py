@@ -255,7 +255,7 @@ def _render_terse(
     elif plan.chained and strategy == "keyed":
         for i, read in enumerate(plan.reads):
             if i:  # back in global to find the next hop: every chunk that may hold it
-                read = replace(read, chunks=tuple(sorted({*plan.candidates, *read.chunks})))
+                read = _widened(read, plan.candidates)
                 segments.append(f"<{nav}>{terse_where(read.chunks)}</{nav}>")
             segments.append(_terse_focus(read, ids, keyed=True))
     elif plan.chained:
@@ -275,7 +275,7 @@ def _render_terse(
         elif strategy not in FOCUS_FIRST:
             segments.append(f"<{nav}>{terse_where(chunks)}</{nav}>")
         if strategy in ("wide", "keyed") and look_alikes:
-            reads = [replace(r, chunks=tuple(sorted({*plan.candidates, *r.chunks}))) for r in plan.reads]
+            reads = [_widened(r, plan.candidates) for r in plan.reads]
         else:
             reads = list(plan.reads)
         segments.extend(_terse_focus(r, ids, keyed=strategy == "keyed") for r in reads)
@@ -283,6 +283,11 @@ def _render_terse(
         segments.append(f"<local>{plan.combine}</local>")
     body = "\n".join(segments)
     return f"<think>\n{body}\n</think>\n{answer}" if thinking else f"{body}\n{answer}"
+
+
+def _widened(read: Read, candidates) -> Read:
+    """``read`` over every candidate chunk too: the look-alikes are matched inside the focus."""
+    return replace(read, chunks=tuple(sorted({*candidates, *read.chunks})))
 
 
 def terse_where(chunks) -> str:
