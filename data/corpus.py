@@ -5,8 +5,9 @@ web; Heed's base learns from documents this module writes over the same word lis
 facts the tasks use, so everything a task asks about is something the base has read about:
 
 - **Contexts** drawn by the task generators themselves (``niah_single``, ``niah_multikey`` with one to three
-  look-alike keys, ``niah_twohop``), 3 to ``max_chunks`` chunks, their facts worded by the ``train`` phrasing
-  family (data/phrasings.py); the ``heldout`` family never appears, so an eval on it measures reading.
+  look-alike keys, ``niah_twohop``), 3 to ``max_chunks`` chunks, their facts worded by one phrasing family
+  (``phrasing``, data/phrasings.py: ``train`` for the shipped base); the ``heldout`` family never appears, so
+  an eval on it measures reading.
 - **Questions with their answers**, in three layouts: ``compact`` (the tokens of the DA prompt Heed's default
   lays out, ``Magic Chunk N:`` headers and block padding included, then a plain answer that may name the
   chunk it comes from), ``plain`` (the documents as one text, then up to four question/answer pairs, about
@@ -63,6 +64,11 @@ class CorpusConfig:
         if not 1 <= self.min_chunks <= self.max_chunks:
             raise ValueError(
                 f"corpus chunks: need 1 <= min_chunks <= max_chunks, got {self.min_chunks}, {self.max_chunks}"
+            )
+        if self.phrasing not in phrasings.FAMILIES or self.phrasing == "heldout":
+            trained = [f for f in phrasings.FAMILIES if f != "heldout"]
+            raise ValueError(
+                f"corpus phrasing {self.phrasing!r}: choose one of {trained} (heldout is for evals)"
             )
         for name, table, known in (("tasks", self.tasks, _TASKS), ("layouts", self.layouts, LAYOUTS)):
             unknown = sorted(set(table) - set(known))

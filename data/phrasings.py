@@ -3,10 +3,11 @@
 RULER writes every needle one way (``One of the special magic numbers for silver-owl is: 4715293.``) and asks
 one question. A model trained on that one sentence answers it and loops on any other. A *family* is a set of
 needle and question templates; a task draws one template of its family per example (or per needle). The
-``train`` family is what the pretraining corpus and the training splits use; ``heldout`` is used for no
-training row (the test split's out-of-family examples, data config ``ood_examples``), so an eval can tell
-reading from recall of a template. ``ruler`` is RULER's single wording, the default, which keeps datasets
-built before families existed byte-identical.
+``train`` family (a few written sentences) is what the pretraining corpus uses; ``varied`` composes over a
+hundred from parts, for training rows whose only constant is the key and what follows it; ``heldout`` is
+used for no training row (configs/data/tiny-phrasing.yaml), so an eval can tell reading from recall of a
+template. ``ruler`` is RULER's single wording, the default, which keeps datasets built before families
+existed byte-identical.
 
 Every template writes the value after a space (`` 63``), as RULER's does, so the value is the same token in
 the document, the trace and the answer; and every needle names its key, so ``data.tasks.base`` can find the
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-FAMILIES = ("ruler", "train", "heldout")
+FAMILIES = ("ruler", "train", "heldout", "varied")
 
 # {key}, {value}: one needle (a fact). Two-hop links add {other}: the key whose number is the answer.
 NEEDLES: dict[str, tuple[str, ...]] = {
@@ -68,6 +69,61 @@ QUESTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+# ``varied``: templates composed from parts (145 needles, 19 links, 29 questions), so that what every training
+# row shares is the key and what follows it, not a sentence to recall. Its parts use no word of ``heldout``'s
+# own ("clerk", "beside", "wrote", "goes with", "means", "look up", "see", "copies"), and it repeats no
+# template of another family (tests/data/test_phrasings.py).
+_LEADS = ("", "Note: ", "Remember: ", "Today ", "Also, ")
+_HOLDERS = (
+    "the magic number of {key}",
+    "the number kept for {key}",
+    "the number of {key}",
+    "{key}'s magic number",
+    "{key}'s number",
+)
+_IS = (" is", " is:", " was set to", " stays", " reads")
+_KEY_FIRST = (
+    "{key} has the magic number",
+    "{key} holds the number",
+    "{key} was given the number",
+    "{key} keeps the number",
+)
+_SAME_AS = (
+    " is that of {other}",
+    " matches that of {other}",
+    " was copied from {other}",
+    " is the number of {other}",
+)
+_ASK = (
+    "What is {h}?",
+    "Which number is {h}?",
+    "Tell me {h}.",
+    "Give {h}.",
+    "Find {h} in the text.",
+    "What is {h} in the text?",
+)
+
+
+def _composed(parts: list[str], taken) -> tuple[str, ...]:
+    """``parts`` capitalised, in order, without any template another family already has."""
+    return tuple(dict.fromkeys(t for t in map(_capital, parts) if t not in taken))
+
+
+def _varied() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    def fixed(table: dict[str, tuple[str, ...]]) -> set[str]:
+        return {t for templates in table.values() for t in templates}
+
+    needles = [f"{lead}{h}{v} {{value}}." for lead in _LEADS for h in _HOLDERS for v in _IS]
+    needles += [f"{lead}{k} {{value}}." for lead in _LEADS for k in _KEY_FIRST]
+    links = [f"{h}{same}." for h in _HOLDERS for same in _SAME_AS]  # no lead: a link is the longer sentence
+    questions = [a.format(h=h) for a in _ASK for h in _HOLDERS]
+    return (
+        _composed(needles, fixed(NEEDLES)),
+        _composed(links, fixed(LINKS)),
+        _composed(questions, fixed(QUESTIONS)),
+    )
+
+
 def check_family(family: str) -> None:
     if family not in FAMILIES:
         raise ValueError(f"phrasing family {family!r} is unknown; choose one of {FAMILIES}")
@@ -79,17 +135,17 @@ def needle(rng: random.Random, family: str, key: str, value) -> str:
     >>> needle(random.Random(0), "ruler", "silver-owl", 63)
     'One of the special magic numbers for silver-owl is: 63.'
     """
-    return _capital(rng.choice(NEEDLES[family]).format(key=key, value=value))
+    return rng.choice(NEEDLES[family]).format(key=key, value=value)
 
 
 def link(rng: random.Random, family: str, key: str, other: str) -> str:
     """One link of ``family``: ``key``'s number is ``other``'s (the first hop of a two-hop question)."""
-    return _capital(rng.choice(LINKS[family]).format(key=key, other=other))
+    return rng.choice(LINKS[family]).format(key=key, other=other)
 
 
 def question(rng: random.Random, family: str, key: str) -> str:
     """A question of ``family`` about ``key``'s number."""
-    return _capital(rng.choice(QUESTIONS[family]).format(key=key))
+    return rng.choice(QUESTIONS[family]).format(key=key)
 
 
 def restated(fact: str, key: str, value) -> str:
@@ -109,5 +165,9 @@ def restated(fact: str, key: str, value) -> str:
     return fact[start : end + len(value)] if end >= 0 else ""
 
 
-def _capital(text: str) -> str:
-    return text[0].upper() + text[1:]
+def _capital(template: str) -> str:
+    """A template's first letter in capitals; a key that opens it stays as written ("{key}'s number ...")."""
+    return template[0].upper() + template[1:]
+
+
+NEEDLES["varied"], LINKS["varied"], QUESTIONS["varied"] = _varied()

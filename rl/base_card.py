@@ -4,7 +4,8 @@ The check asks the base questions about contexts it never saw, in the layout Hee
 (``compact``: ``Magic Chunk N:`` headers, the question before and after), with no DA tags: the base answers
 in plain text, greedy, and an answer counts when its last number is the value asked for (the corpus's
 answers end with the value, whether or not they name the chunk first). Per task of the corpus and per
-phrasing family: ``train`` is the wording the corpus uses, ``heldout`` wording it never saw.
+phrasing family: the corpus's own wording (``train`` for the shipped base) and ``heldout``, wording it never
+saw.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch
 
 _NUMBER = re.compile(r"\d+")
 TASKS = ("single", "multikey", "twohop")
-FAMILIES = ("train", "heldout")
 
 
 @torch.no_grad()
@@ -25,7 +25,7 @@ def answering(model, tokenizer, corpus, examples: int, seed: int, max_new_tokens
     model.eval()
     results = {}
     for task in TASKS:
-        for family in FAMILIES:
+        for family in (corpus.config.phrasing, "heldout"):
             rng = random.Random(f"{seed}/{task}/{family}")
             contexts = [corpus.context(rng, phrasing=family, kind=task) for _ in range(examples)]
             right = 0

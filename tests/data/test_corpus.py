@@ -83,6 +83,9 @@ def test_bad_weights_are_refused_by_name():
         CorpusConfig(tasks={"poem": 1.0})
     with pytest.raises(ValueError, match="corpus layouts"):
         CorpusConfig(layouts={"compact": 0.0})
+    for family in ("heldout", "poetic"):  # the held-out wording stays out of training; a typo is named
+        with pytest.raises(ValueError, match=f"corpus phrasing '{family}'"):
+            CorpusConfig(phrasing=family)
 
 
 @given(seed=st.integers(0, 10**6))

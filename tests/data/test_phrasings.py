@@ -27,10 +27,28 @@ def test_families_share_no_template():
         assert not set(table["heldout"]) & set(table["train"])
 
 
+def test_the_varied_family_is_composed_of_many_wordings_none_of_heldouts():
+    # heldout's own words (those no other family uses) never reach a training row through `varied`
+    def words(templates):
+        return {w for t in templates for w in re.findall(r"[a-z]+", t.lower())}
+
+    for table in (phrasings.NEEDLES, phrasings.LINKS, phrasings.QUESTIONS):
+        own = words(table["heldout"]) - words(table["train"] + table["ruler"])
+        assert own and not own & words(table["varied"]), own & words(table["varied"])
+    assert len(phrasings.NEEDLES["varied"]) >= 100 and len(phrasings.QUESTIONS["varied"]) >= 20
+    assert len(phrasings.LINKS["varied"]) >= 16
+    # every varied needle restates from its key to its value, what a `keyed` focus copies
+    for template in phrasings.NEEDLES["varied"]:
+        fact = template.format(key="silver-owl", value=63)
+        assert phrasings.restated(fact, "silver-owl", 63).startswith("silver-owl"), fact
+        assert phrasings.restated(fact, "silver-owl", 63).endswith(" 63"), fact
+
+
 @given(st.sampled_from(phrasings.FAMILIES), st.integers(0, 10**6), st.integers(10, 99))
 def test_a_needle_names_its_key_and_ends_with_its_value_after_a_space(family, seed, value):
     text = phrasings.needle(random.Random(seed), family, "silver-owl", value)
-    assert " silver-owl " in f" {text} " and text.endswith(f" {value}.") and text[0].isupper()
+    assert re.search(r"(^| )silver-owl\b", text) and text.endswith(f" {value}.")
+    assert text[0].isupper() or text.startswith("silver-owl")  # a key opening a sentence keeps its case
     link = phrasings.link(random.Random(seed), family, "silver-owl", "red-fox")
     assert "silver-owl" in link and "red-fox" in link and not re.search(r"\d", link)
     question = phrasings.question(random.Random(seed), family, "silver-owl")
@@ -49,7 +67,7 @@ def test_ruler_family_keeps_rulers_sentence_and_draws_nothing_more(tokenizer):
     assert ruler.needles[0].startswith("One of the special magic numbers for ")
 
 
-@pytest.mark.parametrize("family", ["train", "heldout"])
+@pytest.mark.parametrize("family", ["train", "heldout", "varied"])
 def test_a_family_words_the_needles_and_question_of_its_own_templates(tokenizer, family):
     example = generate(tokenizer, "niah_multikey", 600, params={"value_digits": 2, "phrasing": family})
     key = re.findall(r"[a-z]+-[a-z]+", example.question)[0]
@@ -74,8 +92,9 @@ def test_two_hop_link_comes_first_and_a_reader_of_the_text_alone_answers(tokeniz
     # the look-alikes: half the distractor keys share a word with the linked key
     linked = set(draft.meta["linked_key"].split("-"))
     assert any(linked & set(k.split("-")) for k in draft.meta["distractor_keys"])
-    # the keyed chain: the link's chunk, copying the linked key; then every chunk holding a needle
-    # of the linked key or a look-alike (found here in the text), the linked needle's words on to the answer
+    # the keyed chain: the link's chunk, restating the link from the asked key; then every chunk holding a
+    # needle of the linked key or a look-alike (found here in the text), the linked needle's words on to the
+    # answer
     trace = render_trace(draft.plan, random.Random(0), False, "terse", strategy="keyed")
     parsed = parse_completion(trace, len(draft.documents), version=4)
     assert (parsed.answer, parsed.violations) == (draft.answers[0], [])
@@ -84,7 +103,11 @@ def test_two_hop_link_comes_first_and_a_reader_of_the_text_alone_answers(tokeniz
     holding = tuple(sorted(i for i, doc in enumerate(draft.documents, 1) if any(f in doc for f in facts)))
     assert (first.chunks, second.chunks) == ((link_chunk,), holding)
     link, fact = re.findall(r"<focus[^>]*> (.*?)</focus>", trace)
-    assert link == draft.meta["linked_key"]
+    assert (
+        link.startswith(draft.meta["keys"][0])
+        and link.endswith(draft.meta["linked_key"])
+        and link in draft.needles[0]
+    )
     assert (
         fact.startswith(draft.meta["linked_key"])
         and fact.endswith(draft.answers[0])
