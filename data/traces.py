@@ -59,13 +59,11 @@ context (under protocol v4, where closing tags rest in ``local``, the answer rea
 Under protocol v5, where decoding starts with no chunk in view, ``direct`` would choose its chunk
 blind: a run on v5 refuses it (``RunConfig.validate``). Only the terse style draws strategies; surveys and
 minimal traces keep their one form, chained reads too except under ``keyed``, which focuses the first hop
-at once (the asked key of a two-hop question has no look-alike) and restates its link from the asked key to
-the key it names, as a one-hop ``keyed`` focus restates a needle from the key to the value (so what follows
-the key in the text, a number or a key, decides whether to answer or hop, not the question's wording), then
+at once (the asked key of a two-hop question has no look-alike) and copies the key it links to, then
 lists in global every chunk that may hold the next hop (``TracePlan.candidates``: the linked key's needle
 and its look-alikes) and focuses them all, writing the linked key through its value::
 
-    <focus magic_chunks=" 2"> long-house is that of early-onion</focus>
+    <focus magic_chunks=" 2"> early-onion</focus>
     <global>Chunks 4, 7 and 9.</global>
     <focus magic_chunks=" 4 7 9"> early-onion is: 90</focus>
     <answer> 90</answer>

@@ -10,8 +10,8 @@ Asked "What is the special magic number for silver-owl ...?", the answer is 63: 
 linked key's needle among look-alikes (``num_distractors`` needles of other keys, half of them near misses of
 the linked key). The question is worded as the single needle's, so a reader cannot tell from it that a hop
 is needed: it must read what the key's sentence says. The two statements sit in different chunks, link
-first, so the gold trace is *chained*: find the link, copy the linked key under focus (``keyed``: the link
-from the asked key on), return to global to find that key's needle, copy its number.
+first, so the gold trace is *chained*: find the link, copy the linked key under focus, return to global to
+find that key's needle, copy its number.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class TwoHopNeedle(Task):
         plan = TracePlan(
             answer=answer,
             need="the special magic number of the key it names",
-            reads=(Read((first + 1,), hop, keys[0], asked), Read((second + 1,), facts[0], answer, keys[0])),
+            reads=(Read((first + 1,), hop, keys[0]), Read((second + 1,), facts[0], answer, keys[0])),
             chained=True,
             candidates=tuple(sorted([second + 1, *(d + 1 for d in others)])),  # the second hop's look-alikes
         )

@@ -227,12 +227,11 @@ def test_each_strategy_reads_one_needle_its_own_way():
 
 
 def test_a_keyed_chain_focuses_the_first_hop_at_once_and_the_second_hops_look_alikes():
-    """By hand: a two-hop plan (link in chunk 2, the linked needle in 4, look-alikes in 1 and 5). Each focus
-    restates its fact from the key it reads: the asked key's link, then the linked key's number."""
+    """By hand: a two-hop plan (link in chunk 2, the linked needle in 4, look-alikes in 1 and 5)."""
     chain = TracePlan(
         answer="90",
         reads=(
-            Read((2,), "The magic number of long-house is that of early-onion.", "early-onion", "long-house"),
+            Read((2,), "The magic number of long-house is that of early-onion.", "early-onion"),
             Read((4,), "One of the special magic numbers for early-onion is: 90.", "90", "early-onion"),
         ),
         chained=True,
@@ -240,7 +239,7 @@ def test_a_keyed_chain_focuses_the_first_hop_at_once_and_the_second_hops_look_al
     )
     keyed = render_trace(chain, random.Random(0), False, "terse", strategy="keyed", chunk_ids="header")
     assert keyed == (
-        '<focus magic_chunks=" 2"> long-house is that of early-onion</focus>\n'
+        '<focus magic_chunks=" 2"> early-onion</focus>\n'
         "<global>Chunks 1, 4 and 5.</global>\n"
         '<focus magic_chunks=" 1 4 5"> early-onion is: 90</focus>\n'
         "<answer> 90</answer>"
