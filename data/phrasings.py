@@ -124,11 +124,6 @@ def _varied() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     )
 
 
-def check_family(family: str) -> None:
-    if family not in FAMILIES:
-        raise ValueError(f"phrasing family {family!r} is unknown; choose one of {FAMILIES}")
-
-
 def needle(rng: random.Random, family: str, key: str, value) -> str:
     """One fact of ``family``: ``key``'s number is ``value``.
 
