@@ -49,9 +49,8 @@ class TwoHopNeedle(Task):
             asked = magic_keys(rng, 1)[0]
         low = 10 ** (self.value_digits - 1)
         values = distinct_numbers(rng, len(keys), low, 10 * low - 1)
-        family = "heldout" if ood else self.phrasing
-        hop = phrasings.link(rng, family, asked, keys[0])
-        facts = [phrasings.needle(rng, family, k, v) for k, v in zip(keys, values)]
+        hop = phrasings.link(rng, self.phrasing, asked, keys[0])
+        facts = [phrasings.needle(rng, self.phrasing, k, v) for k, v in zip(keys, values)]
 
         num_docs = num_docs_for(target_tokens, chunk_tokens, min_docs=2 + len(facts[1:]))
         placed = rng.sample(range(num_docs), 2 + len(facts[1:]))  # one statement a chunk
@@ -64,7 +63,7 @@ class TwoHopNeedle(Task):
         documents = pack_documents(rng, count, needles, num_docs, target_tokens, chunk_tokens, self.name)
 
         answer = str(values[0])
-        question = phrasings.question(rng, family, asked)
+        question = phrasings.question(rng, self.phrasing, asked)
         plan = TracePlan(
             answer=answer,
             need="the special magic number of the key it names",

@@ -110,9 +110,10 @@ def test_two_hop_link_comes_first_and_a_reader_of_the_text_alone_answers(tokeniz
     )
 
 
-def test_two_hop_out_of_distribution_is_the_heldout_family(tokenizer):
+def test_two_hop_in_the_heldout_family_asks_in_its_words(tokenizer):
     from data.filler import TokenCounter
 
-    draft = make_task("niah_twohop").draft(random.Random(0), TokenCounter(tokenizer), 250, 27, ood=True)
+    task = make_task("niah_twohop", {"phrasing": "heldout"})
+    draft = task.draft(random.Random(0), TokenCounter(tokenizer), 250, 27, ood=False)
     key = draft.meta["keys"][0]
     assert draft.question in [t.format(key=key) for t in phrasings.QUESTIONS["heldout"]]
