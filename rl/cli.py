@@ -84,16 +84,33 @@ def _budgets(args: argparse.Namespace) -> int:
         result = search_export_budgets(
             args.checkpoint, args.data, split=args.split, examples=args.examples, batch_size=args.batch_size,
             step=args.step, tolerance=args.tolerance, write=args.write, min_step=args.min_step,
+            judge=args.judge, max_tokens=args.max_tokens,
         )  # fmt: skip
     except ValueError as err:  # a bad export or split (rl.policy_settings.SettingsError among them)
         print(f"heed: error: {err}", file=sys.stderr)
         return 2
-    for budgets, loss in result.steps:  # plain lines: one per accepted reduction, never wrapped
-        print(f"  {list(budgets)}  loss {loss:.4f}")
-    print(
-        f"budgets {list(result.budgets)} (mean {result.mean_budget:.1f}): gold-completion loss "
-        f"{result.loss:.4f} <= target {result.target:.4f}, {result.evaluations} evaluations"
-    )
+    if result.judge == "accuracy":  # the search minimised the error 1 - accuracy
+        print(f"  full cache ({result.context} tokens a layer)  accuracy {1 - result.full:.4f}")
+        if result.full >= 1.0:
+            print(
+                "heed: warning: the policy answers none of the examples with the full cache, "
+                "so every budget keeps its accuracy: judge a policy that answers, on more examples",
+                file=sys.stderr,
+            )
+        for budgets, error in result.steps:  # plain lines: one per accepted reduction, never wrapped
+            print(f"  {list(budgets)}  accuracy {1 - error:.4f}")
+        print(
+            f"budgets {list(result.budgets)} (mean {result.mean_budget:.1f}): greedy accuracy "
+            f"{1 - result.loss:.4f} >= target {max(0.0, 1 - result.target):.4f}, {result.evaluations} evaluations"
+        )
+    else:
+        print(f"  full cache ({result.context} tokens a layer)  loss {result.full:.4f}")
+        for budgets, loss in result.steps:
+            print(f"  {list(budgets)}  loss {loss:.4f}")
+        print(
+            f"budgets {list(result.budgets)} (mean {result.mean_budget:.1f}): gold-completion loss "
+            f"{result.loss:.4f} <= target {result.target:.4f}, {result.evaluations} evaluations"
+        )
     if args.write:
         print(f"written to {args.checkpoint}/config.json and heed.json")
     return 0
@@ -409,16 +426,24 @@ def build_parser() -> argparse.ArgumentParser:
     budgets.add_argument("checkpoint", help="a `heed export` folder of a Selective Attention policy")
     budgets.add_argument("--data", required=True, help="dataset folder from `heed data build`")
     budgets.add_argument("--split", default="validation", help="search split (default: validation)")
-    budgets.add_argument("--examples", type=int, default=16, help="gold traces the loss is measured on")
-    budgets.add_argument("--batch-size", type=int, default=4, help="traces per forward")
+    budgets.add_argument(
+        "--judge", default="loss",
+        help="what must stay within --tolerance of the full cache: 'loss', the gold traces' (fast), or "
+        "'accuracy', the policy's own greedy answers (what users get; generates every example per candidate)",
+    )  # fmt: skip
+    budgets.add_argument("--examples", type=int, default=16, help="examples the judge measures on")
+    budgets.add_argument("--max-tokens", type=int, default=64, help="completion length (--judge accuracy)")
+    budgets.add_argument("--batch-size", type=int, default=4, help="traces per forward (--judge loss)")
     budgets.add_argument("--step", type=int, default=32, help="tokens one reduction takes off a layer (C)")
     budgets.add_argument(
         "--min-step", type=int, default=None,
         help="then go on with the step halved down to this (1: budgets to the token; default: --step)",
     )  # fmt: skip
     budgets.add_argument(
-        "--tolerance", type=float, default=0.0, help="allowed loss increase over the full cache (0.01 = 1%%)"
-    )
+        "--tolerance", type=float, default=0.0,
+        help="allowed loss increase over the full cache (0.01 = 1%%); with --judge accuracy, accuracy points "
+        "it may lose (0.05 = 5 points)",
+    )  # fmt: skip
     budgets.add_argument(
         "--write", action="store_true", help="store the budgets in config.json and heed.json"
     )

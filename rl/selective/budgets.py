@@ -18,6 +18,15 @@ stopped with ``C`` halved, down to ``min_step``: budgets to the token (``min_ste
 the coarse search costs, where one fine step from the full context would take ``N / min_step`` rounds.
 Store the result with :func:`rollouts.selective.eviction.save_budgets` (the model config's
 ``selective_budgets``, which ``save_pretrained`` keeps and the engines read).
+
+Two judges decide what "within target" means (``heed budgets --judge``):
+
+- ``loss``: the loss of the split's gold DA traces, teacher-forced under the candidate's evictions, at most
+  the full cache's times ``1 + tolerance``. Cheap (one forward per batch), but it charges a policy for every
+  gold token it would not write, a chunk number it no longer copies included, and says nothing of the answer.
+- ``accuracy``: the policy's own greedy completions (``da``, the reference engine evicting as the candidate
+  says), graded as ``heed eval`` grades them; the error ``1 - accuracy`` at most the full cache's plus
+  ``tolerance`` (accuracy points). What users get, at the cost of generating every example per candidate.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rollouts.selective.eviction import MIN_BUDGET, check_budgets
+
+JUDGES = ("loss", "accuracy")
 
 
 @dataclass
@@ -38,19 +49,24 @@ class BudgetSearch:
     evaluations: int  # how many times the loss was measured
     context: int = 0  # the full length: every layer's budget before the search
     steps: list[tuple[tuple[int, ...], float]] = field(default_factory=list)  # every accepted (budgets, loss)
+    judge: str = "loss"  # what `loss` is: the gold traces' loss, or the greedy error 1 - accuracy (JUDGES)
+    full: float | None = None  # the judge's value with the full cache (every layer at `context`)
 
     @property
     def mean_budget(self) -> float:
         return sum(self.budgets) / len(self.budgets)
 
     def as_dict(self) -> dict:
-        """Plain JSON: the budgets, their loss and target, and every accepted step."""
+        """Plain JSON: the budgets, their loss and target, and every accepted step (under the ``accuracy``
+        judge ``loss``, ``target`` and ``full`` are errors, ``1 - accuracy``)."""
         return {
+            "judge": self.judge,
             "budgets": list(self.budgets),
             "loss": self.loss,
             "target": self.target,
             "evaluations": self.evaluations,
             "context": self.context,
+            "full": self.full,
             "steps": [{"budgets": list(b), "loss": loss} for b, loss in self.steps],
         }
 
@@ -71,7 +87,7 @@ def greedy_budget_search(
         raise ValueError(f"need 1 <= min_step <= step, got step {step}, min_step {min_step}")
     budgets = check_budgets(context, num_layers)
     current = loss(budgets)
-    result = BudgetSearch(budgets, current, target, evaluations=1, context=context)
+    result = BudgetSearch(budgets, current, target, evaluations=1, context=context, full=current)
     if current > target:
         return result  # even the full context misses the target: nothing to reduce
     while True:
@@ -126,6 +142,90 @@ def search_policy_budgets(
     return greedy_budget_search(loss, layers, context, full * (1 + tolerance), step, min_step)
 
 
+def check_accuracy_tolerance(tolerance: float) -> None:
+    """The ``accuracy`` judge's tolerance is in accuracy points."""
+    if not 0.0 <= tolerance <= 1.0:
+        raise ValueError(f"the accuracy judge's tolerance is in accuracy points, 0 to 1; got {tolerance}")
+
+
+def accuracy_budget_search(
+    accuracy: Callable[[tuple[int, ...]], float],
+    num_layers: int,
+    context: int,
+    tolerance: float = 0.0,
+    step: int = 32,
+    min_step: int | None = None,
+) -> BudgetSearch:
+    """The greedy search judged by accuracy: the smallest budgets whose ``accuracy(budgets)`` is at least
+    the full cache's minus ``tolerance``. It minimises the error ``1 - accuracy`` (the result's ``loss``);
+    each candidate is measured once, the full cache (every layer at ``context``) included.
+
+    >>> def accuracy(budgets):  # three examples, answered while the two layers hold 4 and 9, 6 and 9, 4 and 1
+    ...     return sum(budgets[0] >= a and budgets[1] >= b for a, b in ((4, 9), (6, 9), (4, 1))) / 3
+    >>> accuracy_budget_search(accuracy, num_layers=2, context=16, step=4).budgets  # every example kept
+    (8, 12)
+    >>> accuracy_budget_search(accuracy, num_layers=2, context=16, tolerance=0.34, step=4).budgets  # one lost
+    (4, 12)
+    """
+    check_accuracy_tolerance(tolerance)
+    measured: dict[tuple[int, ...], float] = {}
+
+    def error(budgets: tuple[int, ...]) -> float:
+        if budgets not in measured:
+            measured[budgets] = 1.0 - accuracy(budgets)
+        return measured[budgets]
+
+    full = error(check_budgets(context, num_layers))
+    target = full + tolerance + 1e-9  # float slack: an error equal to full + tolerance passes
+    result = greedy_budget_search(error, num_layers, context, target, step, min_step)
+    result.evaluations = len(measured)
+    result.judge = "accuracy"
+    return result
+
+
+@dataclass
+class GreedyAccuracy:
+    """The ``accuracy`` judge's measure, for :func:`accuracy_budget_search`: the policy's greedy ``da``
+    completions of ``requests`` on the reference engine, evicting under the candidate's budgets, graded as
+    ``heed eval`` grades them (:func:`rl.evaluate.run_requests`). ``progress(budgets, accuracy)`` after each.
+    """
+
+    model: object
+    tokenizer: object
+    requests: list  # greedy `da` RolloutRequests, one per example
+    progress: Callable[[tuple[int, ...], float], None] | None = None
+
+    @classmethod
+    def of(cls, model, tokenizer, rows, layout, max_tokens: int = 64, progress=None) -> GreedyAccuracy:
+        """Requests for data ``rows`` laid out as ``layout`` says, at most ``max_tokens`` generated each."""
+        from rl.eval_requests import build_requests
+
+        requests = build_requests(rows, tokenizer, layout=layout, modes=("da",), max_tokens=max_tokens)
+        if not requests:
+            raise ValueError("the budget search got no examples")
+        return cls(model, tokenizer, requests, progress)
+
+    @property
+    def context(self) -> int:
+        """The longest prompt plus its completion: a budget this large evicts nothing."""
+        return max(r.layout.prompt_len + r.max_tokens for r in self.requests)
+
+    def report(self, budgets: tuple[int, ...]):
+        """The :class:`rl.evaluate.EvalReport` of the requests decoded under ``budgets``."""
+        from rl.evaluate import run_requests
+        from rollouts.engines.reference import ReferenceEngine
+
+        engine = ReferenceEngine(self.model, self.tokenizer, budgets=budgets, num_threads=1)
+        return run_requests(self.requests, engine.generate, modes=("da",))
+
+    def __call__(self, budgets: tuple[int, ...]) -> float:
+        rewards = self.report(budgets).rewards
+        accuracy = sum(r.accuracy for r in rewards) / len(rewards)
+        if self.progress is not None:
+            self.progress(budgets, accuracy)
+        return accuracy
+
+
 def gold_batches(tokenizer, rows, layout, batch_size: int = 4) -> list[dict]:
     """The gold traces of data ``rows`` as :class:`rl.sft.DACollator` batches (with ``padding_mask``), the
     input of :func:`rl.selective.losses.completion_loss_under_budgets`."""
@@ -167,6 +267,25 @@ def search_split_budgets(
         )
 
 
+def search_split_accuracy(
+    model, tokenizer, rows, layout, max_tokens: int = 64, step: int = 32, tolerance: float = 0.0,
+    min_step: int | None = None, label: str = "budget search",
+) -> BudgetSearch:  # fmt: skip
+    """:func:`accuracy_budget_search` on the policy's greedy completions of data ``rows``, with a progress
+    line: the ``accuracy`` judge of `heed budgets`."""
+    from rich.progress import Progress, TextColumn
+
+    with Progress(TextColumn(f"[bold]{label}[/] {{task.description}}")) as bar:
+        task = bar.add_task("")
+
+        def show(budgets, accuracy):
+            bar.update(task, description=f"{list(budgets)}: accuracy {accuracy:.3f}")
+
+        accuracy = GreedyAccuracy.of(model, tokenizer, rows, layout, max_tokens, progress=show)
+        layers = model.config.num_hidden_layers
+        return accuracy_budget_search(accuracy, layers, accuracy.context, tolerance, step, min_step)
+
+
 def search_export_budgets(
     export_dir,
     data_dir,
@@ -177,10 +296,14 @@ def search_export_budgets(
     tolerance: float = 0.0,
     write: bool = False,
     min_step: int | None = None,
+    judge: str = "loss",
+    max_tokens: int = 64,
 ) -> BudgetSearch:
-    """``heed budgets``: search the KV budgets of an exported Selective Attention policy on ``examples``
-    gold traces of ``split`` (laid out as the export's ``heed.json`` says), and with ``write`` store them in
-    its ``config.json`` and ``heed.json``, where the engines and ``heed eval`` read them."""
+    """``heed budgets``: search the KV budgets of an exported Selective Attention policy on ``examples`` of
+    ``split`` (laid out as the export's ``heed.json`` says) by ``judge`` (module docstring: ``loss``, the
+    gold traces', or ``accuracy``, the policy's greedy completions of at most ``max_tokens``), and with
+    ``write`` store them in its ``config.json`` and ``heed.json``, where the engines and ``heed eval`` read
+    them."""
     import json
     from pathlib import Path
 
@@ -191,6 +314,10 @@ def search_export_budgets(
     from rollouts.selective.attention import SELECTIVE, register_selective_attention
     from rollouts.selective.eviction import save_budgets
 
+    if judge not in JUDGES:
+        raise ValueError(f"unknown budget judge {judge!r}; choose one of {', '.join(JUDGES)}")
+    if judge == "accuracy":
+        check_accuracy_tolerance(tolerance)  # before the model loads
     export_dir = Path(export_dir)
     info = read_heed_json(export_dir)
     if info is None:
@@ -207,9 +334,12 @@ def search_export_budgets(
     rows = load_split(data_dir, split)[:examples]
     if not rows:
         raise ValueError(f"{data_dir} split {split!r} holds no examples")
-    result = search_split_budgets(
-        model, tokenizer, rows, layout, batch_size, step, tolerance, min_step=min_step
-    )
+    if judge == "accuracy":
+        result = search_split_accuracy(model, tokenizer, rows, layout, max_tokens, step, tolerance, min_step)
+    else:
+        result = search_split_budgets(
+            model, tokenizer, rows, layout, batch_size, step, tolerance, min_step=min_step
+        )
     if write:
         save_budgets(model.config, result.budgets)
         model.config.to_json_file(export_dir / "config.json")

@@ -151,6 +151,37 @@ def test_heed_budgets_searches_the_exports_budgets_and_writes_them(run_dir, tmp_
     assert loss <= target
 
 
+def test_heed_budgets_judged_by_accuracy_keeps_the_policys_answers(run_dir, tmp_path):
+    """`heed budgets --judge accuracy`: the policy's own greedy answers decide, and every accepted reduction
+    keeps the accuracy at or above the full cache's minus the tolerance."""
+    import shutil
+
+    export = tmp_path / "export"
+    shutil.copytree(run_dir / "export", export)
+    out = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "budgets", str(export), "--data", str(run_dir / "data"), "--split", "test",
+         "--examples", "2", "--step", "300", "--max-tokens", "24", "--judge", "accuracy", "--tolerance", "0.5",
+         "--write"],
+        cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    context, full = re.search(r"full cache \((\d+) tokens a layer\)  accuracy ([\d.]+)", out.stdout).groups()
+    assert 400 < int(context) < 700  # prompts are ~450 tokens, plus 24 generated
+    found = json.loads((export / "heed.json").read_text())["selective_budgets"]
+    accuracy, target = map(
+        float, re.search(r"greedy accuracy ([\d.]+) >= target ([\d.]+)", out.stdout).groups()
+    )
+    assert f"budgets {found}" in out.stdout and all(2 <= b < int(context) for b in found)
+    assert target == pytest.approx(max(0.0, float(full) - 0.5), abs=1e-4) and accuracy >= target
+    accepted = [float(a) for a in re.findall(r"\]  accuracy ([\d.]+)", out.stdout)]
+    assert accepted and all(a >= target for a in accepted)
+    with pytest.raises(subprocess.CalledProcessError, match="exit status 2"):
+        subprocess.run(
+            [sys.executable, "-m", "rl.cli", "budgets", str(export), "--data", str(run_dir / "data"), "--judge", "bleu"],
+            cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=300, check=True,
+        )  # fmt: skip
+
+
 # -- budgets found by the run itself (selective.search_budgets) ------------------------------------------
 
 

@@ -32,6 +32,7 @@ def test_greedy_budget_search_by_hand():
     assert [b for b, _ in result.steps] == [(16, 24), (8, 24)]
     assert result.evaluations == len(seen) == 7
     assert result.mean_budget == 16
+    assert result.full == 1.0 and result.as_dict()["full"] == 1.0  # (24, 24): the first evaluation
 
 
 def test_a_finer_step_goes_on_where_the_coarse_search_stopped():
@@ -84,3 +85,34 @@ def test_budget_search_on_a_tiny_model_and_budgets_round_trip(tmp_path):
     assert load_budgets(standard_twin(model).config) == result.budgets  # configs carry them as is
     with pytest.raises(ValueError, match="3 KV budgets"):
         save_budgets(model.config, [4, 4, 4])
+
+
+def test_the_accuracy_judge_decodes_each_candidate_and_its_full_context_evicts_nothing(tmp_path, tokenizer):
+    """`GreedyAccuracy`: budgets of its `context` decode what an engine without budgets decodes, token for
+    token; budgets of 2 decode something else and hold at most 2 keys a layer; the accuracy is the graded
+    mean of what was decoded."""
+    from rl.selective.budgets import GreedyAccuracy, accuracy_budget_search
+    from rollouts.engines.reference import ReferenceEngine
+    from rollouts.protocol import LayoutSettings
+
+    from ...rollouts.conftest import save_tiny_qwen3
+
+    path = save_tiny_qwen3(tmp_path, tokenizer, selective_attention=True)  # no budgets: it evicts nothing
+    engine = ReferenceEngine(path, num_threads=1)
+    rows = [
+        {"id": f"r{i}", "task": "t", "question": f"Which number is {word}?", "answers": [str(i)],
+         "metric": "string_match_all", "evidence_chunks": [1], "chunk_tokens": 27,
+         "documents": [f"The {word} number is {i}.", "Nothing here.", "A river runs."]}
+        for i, word in enumerate(("first", "second"))
+    ]  # fmt: skip
+    judge = GreedyAccuracy.of(engine.model, tokenizer, rows, LayoutSettings(block_size=32), max_tokens=12)
+    assert judge.context == max(r.layout.prompt_len for r in judge.requests) + 12
+    full = judge.report((judge.context,) * 4)
+    unbudgeted = engine.generate(judge.requests)
+    assert [t.completion_ids for t in full.trajectories] == [t.completion_ids for t in unbudgeted]
+    tight = judge.report((2,) * 4)
+    assert [t.completion_ids for t in tight.trajectories] != [t.completion_ids for t in unbudgeted]
+    assert all(peak <= 2 for t in tight.trajectories for peak in t.kv_peak_by_layer)
+    assert judge((2,) * 4) == sum(r.accuracy for r in tight.rewards) / 2
+    with pytest.raises(ValueError, match="accuracy points"):
+        accuracy_budget_search(judge, num_layers=4, context=judge.context, tolerance=5)
