@@ -89,28 +89,23 @@ def _budgets(args: argparse.Namespace) -> int:
     except ValueError as err:  # a bad export or split (rl.policy_settings.SettingsError among them)
         print(f"heed: error: {err}", file=sys.stderr)
         return 2
-    if result.judge == "accuracy":  # the search minimised the error 1 - accuracy
-        print(f"  full cache ({result.context} tokens a layer)  accuracy {1 - result.full:.4f}")
-        if result.full >= 1.0:
-            print(
-                "heed: warning: the policy answers none of the examples with the full cache, "
-                "so every budget keeps its accuracy: judge a policy that answers, on more examples",
-                file=sys.stderr,
-            )
-        for budgets, error in result.steps:  # plain lines: one per accepted reduction, never wrapped
-            print(f"  {list(budgets)}  accuracy {1 - error:.4f}")
+    # the accuracy judge minimised the error 1 - accuracy: shown as accuracy, its target a floor
+    by_accuracy = result.judge == "accuracy"
+    name, shown = ("accuracy", lambda e: 1 - e) if by_accuracy else ("loss", lambda x: x)
+    print(f"  full cache ({result.context} tokens a layer)  {name} {shown(result.full):.4f}")
+    if by_accuracy and result.full >= 1.0:
         print(
-            f"budgets {list(result.budgets)} (mean {result.mean_budget:.1f}): greedy accuracy "
-            f"{1 - result.loss:.4f} >= target {max(0.0, 1 - result.target):.4f}, {result.evaluations} evaluations"
+            "heed: warning: the policy answers none of the examples with the full cache, "
+            "so every budget keeps its accuracy: judge a policy that answers, on more examples",
+            file=sys.stderr,
         )
-    else:
-        print(f"  full cache ({result.context} tokens a layer)  loss {result.full:.4f}")
-        for budgets, loss in result.steps:
-            print(f"  {list(budgets)}  loss {loss:.4f}")
-        print(
-            f"budgets {list(result.budgets)} (mean {result.mean_budget:.1f}): gold-completion loss "
-            f"{result.loss:.4f} <= target {result.target:.4f}, {result.evaluations} evaluations"
-        )
+    for budgets, value in result.steps:  # plain lines: one per accepted reduction, never wrapped
+        print(f"  {list(budgets)}  {name} {shown(value):.4f}")
+    measure, bound = ("greedy accuracy", ">=") if by_accuracy else ("gold-completion loss", "<=")
+    print(
+        f"budgets {list(result.budgets)} (mean {result.mean_budget:.1f}): {measure} {shown(result.loss):.4f} "
+        f"{bound} target {max(0.0, shown(result.target)):.4f}, {result.evaluations} evaluations"
+    )
     if args.write:
         print(f"written to {args.checkpoint}/config.json and heed.json")
     return 0

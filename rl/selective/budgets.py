@@ -32,6 +32,7 @@ Two judges decide what "within target" means (``heed budgets --judge``):
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rollouts.selective.eviction import MIN_BUDGET, check_budgets
@@ -239,6 +240,22 @@ def gold_batches(tokenizer, rows, layout, batch_size: int = 4) -> list[dict]:
     return [collate(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
 
 
+@contextmanager
+def progress_line(label: str, measure: str):
+    """One live line, ``label [budgets]: measure value``, and the ``progress(budgets, value)`` that updates it."""
+    from rich.progress import Progress, TextColumn
+
+    with Progress(TextColumn(f"[bold]{label}[/] {{task.description}}")) as bar:
+        task = bar.add_task("")
+
+        def show(budgets, value):
+            bar.update(
+                task, description=f"{list(budgets) if budgets else 'full cache'}: {measure} {value:.4f}"
+            )
+
+        yield show
+
+
 def search_split_budgets(
     model,
     tokenizer,
@@ -253,15 +270,8 @@ def search_split_budgets(
     """:func:`search_policy_budgets` on the gold traces of data ``rows`` (laid out as ``layout`` says:
     ``block_size``, ``thinking``, ``style``, ``instructions``), with a progress line. What `heed budgets`
     and the ``budget_search`` phase of `heed train` both run."""
-    from rich.progress import Progress, TextColumn
-
     batches = gold_batches(tokenizer, rows, layout, batch_size)
-    with Progress(TextColumn(f"[bold]{label}[/] {{task.description}}")) as bar:
-        task = bar.add_task("")
-
-        def show(budgets, loss):
-            bar.update(task, description=f"{list(budgets) if budgets else 'full cache'}: loss {loss:.4f}")
-
+    with progress_line(label, "loss") as show:
         return search_policy_budgets(
             model, batches, step=step, tolerance=tolerance, progress=show, min_step=min_step
         )
@@ -273,14 +283,7 @@ def search_split_accuracy(
 ) -> BudgetSearch:  # fmt: skip
     """:func:`accuracy_budget_search` on the policy's greedy completions of data ``rows``, with a progress
     line: the ``accuracy`` judge of `heed budgets`."""
-    from rich.progress import Progress, TextColumn
-
-    with Progress(TextColumn(f"[bold]{label}[/] {{task.description}}")) as bar:
-        task = bar.add_task("")
-
-        def show(budgets, accuracy):
-            bar.update(task, description=f"{list(budgets)}: accuracy {accuracy:.3f}")
-
+    with progress_line(label, "accuracy") as show:
         accuracy = GreedyAccuracy.of(model, tokenizer, rows, layout, max_tokens, progress=show)
         layers = model.config.num_hidden_layers
         return accuracy_budget_search(accuracy, layers, accuracy.context, tolerance, step, min_step)
