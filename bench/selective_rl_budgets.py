@@ -46,6 +46,7 @@ def main() -> None:
     import torch
 
     from rl.config import load_run_config
+    from rl.eval_requests import spread_rows
     from rl.evaluate import load_split
     from rl.selective.budgets import gold_batches, search_split_budgets
     from rl.selective.losses import completion_loss_under_budgets
@@ -66,7 +67,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
-    rows = load_split(run_dir / "data", selective.search_split)[: selective.search_examples]
+    rows = spread_rows(load_split(run_dir / "data", selective.search_split), selective.search_examples)
     layout = config.run.prompt_layout()
     batches = gold_batches(tokenizer, rows, layout)
     print(

@@ -90,22 +90,16 @@ def _budgets(args: argparse.Namespace) -> int:
         print(f"heed: error: {err}", file=sys.stderr)
         return 2
     # the accuracy judge minimised the error 1 - accuracy: shown as accuracy, its target a floor
-    by_accuracy = result.judge == "accuracy"
-    name, shown = ("accuracy", lambda e: 1 - e) if by_accuracy else ("loss", lambda x: x)
-    print(f"  full cache ({result.context} tokens a layer)  {name} {shown(result.full):.4f}")
-    if by_accuracy and result.full >= 1.0:
+    print(f"  full cache ({result.context} tokens a layer)  {result.measure} {result.shown(result.full):.4f}")
+    if result.judge == "accuracy" and result.full >= 1.0:
         print(
             "heed: warning: the policy answers none of the examples with the full cache, "
             "so every budget keeps its accuracy: judge a policy that answers, on more examples",
             file=sys.stderr,
         )
     for budgets, value in result.steps:  # plain lines: one per accepted reduction, never wrapped
-        print(f"  {list(budgets)}  {name} {shown(value):.4f}")
-    measure, bound = ("greedy accuracy", ">=") if by_accuracy else ("gold-completion loss", "<=")
-    print(
-        f"budgets {list(result.budgets)} (mean {result.mean_budget:.1f}): {measure} {shown(result.loss):.4f} "
-        f"{bound} target {max(0.0, shown(result.target)):.4f}, {result.evaluations} evaluations"
-    )
+        print(f"  {list(budgets)}  {result.measure} {result.shown(value):.4f}")
+    print(result.summary())
     if args.write:
         print(f"written to {args.checkpoint}/config.json and heed.json")
     return 0
@@ -426,7 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="what must stay within --tolerance of the full cache: 'loss', the gold traces' (fast), or "
         "'accuracy', the policy's own greedy answers (what users get; generates every example per candidate)",
     )  # fmt: skip
-    budgets.add_argument("--examples", type=int, default=16, help="examples the judge measures on")
+    budgets.add_argument(
+        "--examples",
+        type=int,
+        default=16,
+        help="examples the judge measures on, spread over the tasks and lengths",
+    )
     budgets.add_argument("--max-tokens", type=int, default=64, help="completion length (--judge accuracy)")
     budgets.add_argument("--batch-size", type=int, default=4, help="traces per forward (--judge loss)")
     budgets.add_argument("--step", type=int, default=32, help="tokens one reduction takes off a layer (C)")

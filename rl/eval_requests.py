@@ -56,6 +56,30 @@ def select_examples(rows: Iterable[Mapping], limit: int | None = None) -> list[M
     return [rows[i] for i in sorted(keep)]
 
 
+def spread_rows(rows: Iterable[Mapping], n: int) -> list[Mapping]:
+    """``n`` rows in all, dealt round-robin over the split's (task, target length) groups, each group in
+    dataset order: a few rows that hold every task and length of the split, where its first ``n`` rows
+    would be one task at one length (``heed data build`` writes a split group by group).
+
+    >>> rows = [{"id": i, "task": t, "target_tokens": 130} for i, t in enumerate("aaabbb")]
+    >>> [r["id"] for r in spread_rows(rows, 4)]
+    [0, 1, 3, 4]
+    """
+    if n < 1:
+        raise EvalError(f"asked for {n} rows; take at least 1")
+    rows = list(rows)
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        groups[(row.get("task"), row.get("target_tokens"))].append(i)
+    queues = [list(reversed(group)) for group in groups.values()]
+    keep: list[int] = []
+    while len(keep) < n and any(queues):
+        for queue in queues:
+            if queue and len(keep) < n:
+                keep.append(queue.pop())
+    return [rows[i] for i in sorted(keep)]
+
+
 def build_requests(
     examples: Iterable[Mapping],
     tokenizer,

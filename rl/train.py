@@ -341,7 +341,8 @@ class TrainRecipe:
     def _search_budgets(self) -> list[int]:
         """Rank 0: search, save the policy with its budgets to ``RUN_DIR/budget_search`` (where a resume
         loads it from) and restart the rollout pool on it (engines evict under a checkpoint's budgets)."""
-        from rl.selective.budgets import search_split_budgets
+        from rl.eval_requests import spread_rows
+        from rl.selective.budgets import search_rows
 
         cfg, selective = self.config, self.config.selective
         if selective.search_split not in self.data:
@@ -349,26 +350,23 @@ class TrainRecipe:
                 f"selective.search_split: the run's data has no split {selective.search_split!r}; "
                 f"it has {', '.join(self.data)}"
             )
-        rows = list(self.data[selective.search_split])[: selective.search_examples]
+        rows = spread_rows(self.data[selective.search_split], selective.search_examples)
         layout = cfg.run.prompt_layout()
         training = self.model.training
         self.model.eval()
         try:
-            result = search_split_budgets(
-                self.model, self.tokenizer, rows, layout, step=selective.search_step,
+            result = search_rows(
+                self.model, self.tokenizer, rows, layout, selective.search_judge, step=selective.search_step,
                 tolerance=selective.search_tolerance, min_step=selective.search_min_step,
+                max_tokens=cfg.eval.max_tokens,
             )  # fmt: skip
         finally:
             self.model.train(training)
         budgets = list(result.budgets)
-        out = self._restart_with_budgets(
-            "budget_search", budgets, {"loss": result.loss, "target": result.target}
-        )
+        measured = {result.measure: result.shown(result.loss), "target": result.shown(result.target)}
+        out = self._restart_with_budgets("budget_search", budgets, measured)
         (out / "search.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
-        console.print(
-            f"budget search: {budgets} (mean {result.mean_budget:.1f}), gold-completion loss "
-            f"{result.loss:.4f} <= target {result.target:.4f}, {result.evaluations} evaluations"
-        )
+        console.print(f"budget search: {result.summary()}")
         return budgets
 
     def _restart_with_budgets(self, phase: str, budgets: list[int], metrics: dict) -> Path:

@@ -15,7 +15,7 @@ from typing import ClassVar
 from data.config import OOD_SPLIT, SPLITS
 from rl.config.sections import ModelSection, RunSection
 from rl.config.validation import ConfigError, Section, check, resolve_path, search_roots
-from rollouts.selective.constants import KERNELS, MIN_BUDGET
+from rollouts.selective.constants import BUDGET_JUDGES, KERNELS, MIN_BUDGET
 
 # TRL 1.16 GRPOConfig's accepted values (trl/trainer/grpo_config.py, `loss_type`, `scale_rewards` and
 # `vllm_importance_sampling_mode` help), hard-coded so loading a config does not import TRL.
@@ -292,7 +292,11 @@ class SelectiveSection(Section):
     search_step: int = 32  # the paper's C is 8 on 512-2048-token contexts; 32 keeps the search short
     # then the step halved down to this (1: budgets to the token, for a few more rounds); null: search_step
     search_min_step: int | None = None
-    search_tolerance: float = 0.0  # target loss: the full-cache loss x (1 + tolerance)
+    # What must stay within search_tolerance of the full cache (rl/selective/budgets.py): "loss", the gold
+    # traces' loss (target: full x (1 + tolerance)); or "accuracy", the policy's own greedy answers to the
+    # search examples at eval.max_tokens (target: full accuracy - tolerance, in accuracy points)
+    search_judge: str = "loss"
+    search_tolerance: float = 0.0
     # GRPO's rollouts and trainer evict under the run's budgets (given or searched) times this, rounded down
     # (floor 2); the SFT eval keeps the unscaled ones. Below 1, RL has to keep the policy's accuracy under
     # budgets the SFT policy could not meet; the final eval and the export carry the scaled budgets.
@@ -349,7 +353,14 @@ class SelectiveSection(Section):
                 self.key("search_min_step"),
                 f"must be between 1 and search_step ({self.search_step}), or null; got {self.search_min_step}",
             )
+        self.one_of("search_judge", BUDGET_JUDGES)
         self.at_least("search_tolerance", 0)
+        if self.search_judge == "accuracy":
+            check(
+                self.search_tolerance <= 1,
+                self.key("search_tolerance"),
+                f"the accuracy judge's tolerance is in accuracy points, 0 to 1; got {self.search_tolerance}",
+            )
         self.at_least("memory_eps", 0)
         self.at_least("memory_tau", 0, strict=True)
         self.at_least("grpo_memory_eps", 0)

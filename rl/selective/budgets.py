@@ -35,9 +35,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from rollouts.selective.constants import BUDGET_JUDGES
 from rollouts.selective.eviction import MIN_BUDGET, check_budgets
-
-JUDGES = ("loss", "accuracy")
 
 
 @dataclass
@@ -50,12 +49,36 @@ class BudgetSearch:
     evaluations: int  # how many times the loss was measured
     context: int = 0  # the full length: every layer's budget before the search
     steps: list[tuple[tuple[int, ...], float]] = field(default_factory=list)  # every accepted (budgets, loss)
-    judge: str = "loss"  # what `loss` is: the gold traces' loss, or the greedy error 1 - accuracy (JUDGES)
+    # what `loss` is (BUDGET_JUDGES): the gold traces' loss, or the greedy error 1 - accuracy
+    judge: str = "loss"
     full: float | None = None  # the judge's value with the full cache (every layer at `context`)
 
     @property
     def mean_budget(self) -> float:
         return sum(self.budgets) / len(self.budgets)
+
+    @property
+    def measure(self) -> str:
+        """What the judge measured, as a person reads it: ``accuracy`` (shown as accuracy, not as the error
+        the search minimised) or ``loss``."""
+        return "accuracy" if self.judge == "accuracy" else "loss"
+
+    def shown(self, value: float) -> float:
+        """``value`` as :attr:`measure` names it: the accuracy judge's errors as accuracies."""
+        return 1.0 - value if self.judge == "accuracy" else value
+
+    def summary(self) -> str:
+        """One line: the budgets, what they keep and the bound it met.
+
+        >>> BudgetSearch((4, 2), 0.25, 0.3, 9, judge="accuracy").summary()
+        'budgets [4, 2] (mean 3.0): greedy accuracy 0.7500 >= target 0.7000, 9 evaluations'
+        """
+        by_accuracy = self.judge == "accuracy"
+        measure, bound = ("greedy accuracy", ">=") if by_accuracy else ("gold-completion loss", "<=")
+        return (
+            f"budgets {list(self.budgets)} (mean {self.mean_budget:.1f}): {measure} {self.shown(self.loss):.4f} "
+            f"{bound} target {max(0.0, self.shown(self.target)):.4f}, {self.evaluations} evaluations"
+        )
 
     def as_dict(self) -> dict:
         """Plain JSON: the budgets, their loss and target, and every accepted step (under the ``accuracy``
@@ -141,6 +164,14 @@ def search_policy_budgets(
     full = loss(None)
     layers = model.config.num_hidden_layers
     return greedy_budget_search(loss, layers, context, full * (1 + tolerance), step, min_step)
+
+
+def check_judge(judge: str, tolerance: float) -> None:
+    """A judge of BUDGET_JUDGES, with a tolerance it can take."""
+    if judge not in BUDGET_JUDGES:
+        raise ValueError(f"unknown budget judge {judge!r}; choose one of {', '.join(BUDGET_JUDGES)}")
+    if judge == "accuracy":
+        check_accuracy_tolerance(tolerance)
 
 
 def check_accuracy_tolerance(tolerance: float) -> None:
@@ -289,6 +320,21 @@ def search_split_accuracy(
         return accuracy_budget_search(accuracy, layers, accuracy.context, tolerance, step, min_step)
 
 
+def search_rows(
+    model, tokenizer, rows, layout: dict, judge: str = "loss", *, step: int = 32, tolerance: float = 0.0,
+    min_step: int | None = None, batch_size: int = 4, max_tokens: int = 64, label: str = "budget search",
+) -> BudgetSearch:  # fmt: skip
+    """The search on data ``rows`` by ``judge`` (module docstring): what `heed budgets` and the
+    ``budget_search`` phase of `heed train` both run. ``batch_size``: gold traces per forward (``loss``);
+    ``max_tokens``: completion length (``accuracy``)."""
+    check_judge(judge, tolerance)
+    if judge == "accuracy":
+        return search_split_accuracy(
+            model, tokenizer, rows, layout, max_tokens, step, tolerance, min_step, label
+        )
+    return search_split_budgets(model, tokenizer, rows, layout, batch_size, step, tolerance, label, min_step)
+
+
 def search_export_budgets(
     export_dir,
     data_dir,
@@ -312,15 +358,13 @@ def search_export_budgets(
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rl.eval_requests import spread_rows
     from rl.evaluate import load_split
     from rl.policy_settings import HEED_JSON, layout_settings, read_heed_json
     from rollouts.selective.attention import SELECTIVE, register_selective_attention
     from rollouts.selective.eviction import save_budgets
 
-    if judge not in JUDGES:
-        raise ValueError(f"unknown budget judge {judge!r}; choose one of {', '.join(JUDGES)}")
-    if judge == "accuracy":
-        check_accuracy_tolerance(tolerance)  # before the model loads
+    check_judge(judge, tolerance)  # before the model loads
     export_dir = Path(export_dir)
     info = read_heed_json(export_dir)
     if info is None:
@@ -334,15 +378,13 @@ def search_export_budgets(
     register_selective_attention()  # the search replays budgets, which run on the dense kernel anyway
     model = AutoModelForCausalLM.from_pretrained(export_dir, attn_implementation=SELECTIVE).eval()
     layout = layout_settings(export_dir, info)
-    rows = load_split(data_dir, split)[:examples]
+    rows = spread_rows(load_split(data_dir, split), examples)
     if not rows:
         raise ValueError(f"{data_dir} split {split!r} holds no examples")
-    if judge == "accuracy":
-        result = search_split_accuracy(model, tokenizer, rows, layout, max_tokens, step, tolerance, min_step)
-    else:
-        result = search_split_budgets(
-            model, tokenizer, rows, layout, batch_size, step, tolerance, min_step=min_step
-        )
+    result = search_rows(
+        model, tokenizer, rows, layout, judge, step=step, tolerance=tolerance, min_step=min_step,
+        batch_size=batch_size, max_tokens=max_tokens,
+    )  # fmt: skip
     if write:
         save_budgets(model.config, result.budgets)
         model.config.to_json_file(export_dir / "config.json")

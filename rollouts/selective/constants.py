@@ -19,3 +19,6 @@ DEFAULT_TAU = 1.0  # F at which a key counts as fully masked
 
 MIN_BUDGET = 2  # <BOS>, which is never evicted, and the arriving token itself
 CONFIG_KEY = "selective_budgets"  # where a checkpoint's config.json keeps its per-layer budgets
+# What a budget search keeps within its tolerance of the full cache (rl/selective/budgets.py): the gold
+# traces' loss, or the policy's own greedy accuracy
+BUDGET_JUDGES = ("loss", "accuracy")

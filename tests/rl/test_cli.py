@@ -39,3 +39,8 @@ def test_bad_arguments_exit_with_usage(capsys):
     assert "--chunks must be at least 2" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["nonsense"])
+
+
+def test_heed_budgets_names_an_unknown_judge_before_loading_anything(tmp_path, capsys):
+    assert main(["budgets", str(tmp_path / "nothing"), "--data", str(tmp_path), "--judge", "bleu"]) == 2
+    assert "unknown budget judge 'bleu'; choose one of loss, accuracy" in capsys.readouterr().err

@@ -393,6 +393,11 @@ def test_random_step_overrides_round_trip(overrides):
         ),
         (["selective.enabled=true", "selective.search_step=0"], r"selective\.search_step: must be >= 1"),
         (["selective.enabled=true", "selective.search_tolerance=-0.1"], r"selective\.search_tolerance"),
+        (["selective.enabled=true", "selective.search_judge=bleu"], r"selective\.search_judge"),
+        (
+            ["selective.enabled=true", "selective.search_judge=accuracy", "selective.search_tolerance=5"],
+            r"selective\.search_tolerance: the accuracy judge's tolerance is in accuracy points",
+        ),
         (
             ["selective.enabled=true", "selective.kernel=flash"],
             r"selective\.kernel: must be one of dense, triton",

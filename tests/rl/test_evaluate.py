@@ -11,9 +11,11 @@ import json
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rl.cli import main
-from rl.eval_requests import EvalError, build_requests, parse_modes, select_examples
+from rl.eval_requests import EvalError, build_requests, parse_modes, select_examples, spread_rows
 from rl.evaluate import ALL, evaluate
 from rollouts.engines.base import build_trajectory
 from rollouts.masks import VisibilityTracker, kv_tokens_read
@@ -300,6 +302,34 @@ def test_parse_modes_and_select_examples(rows):
     assert [r["i"] for r in select_examples(mixed, limit=2)] == [0, 2]  # one per length bin first
     with pytest.raises(EvalError):
         select_examples(rows, limit=0)
+
+
+@given(
+    groups=st.lists(st.integers(1, 5), min_size=1, max_size=6),  # rows per (task, length) group
+    n=st.integers(1, 40),
+)
+def test_spread_rows_deals_every_group_its_share_in_dataset_order(groups, n):
+    """A split written group by group (as `heed data build` writes one): ``n`` rows, no row twice, in the
+    split's order; each group gives as many as round-robin dealing gives it (min of its size and its
+    share), so every group is represented once ``n`` reaches their number."""
+    rows = [
+        {"task": f"t{g % 2}", "target_tokens": 100 * g} for g, size in enumerate(groups) for _ in range(size)
+    ]
+    rows = [{**row, "i": i} for i, row in enumerate(rows)]
+    picked = spread_rows(rows, n)
+    ids = [r["i"] for r in picked]
+    assert ids == sorted(set(ids)) and len(ids) == min(n, len(rows))
+    taken = [sum(r["target_tokens"] == 100 * g for r in picked) for g in range(len(groups))]
+    unfinished = [t for t, size in zip(taken, groups) if t < size]
+    if unfinished:  # dealt a round at a time: no group is two rows ahead of one that has rows left
+        assert max(taken) <= min(unfinished) + 1
+    if n >= len(groups):
+        assert all(taken)
+    for g, t in enumerate(taken):  # a group's rows are its first ones
+        first = [r["i"] for r in rows if r["target_tokens"] == 100 * g][:t]
+        assert [i for i in ids if rows[i]["target_tokens"] == 100 * g] == first
+    with pytest.raises(EvalError, match="at least 1"):
+        spread_rows(rows, 0)
 
 
 def test_cli_errors_before_any_engine_starts(tmp_path, dataset_dir, capsys):

@@ -175,11 +175,6 @@ def test_heed_budgets_judged_by_accuracy_keeps_the_policys_answers(run_dir, tmp_
     assert target == pytest.approx(max(0.0, float(full) - 0.5), abs=1e-4) and accuracy >= target
     accepted = [float(a) for a in re.findall(r"\]  accuracy ([\d.]+)", out.stdout)]
     assert accepted and all(a >= target for a in accepted)
-    with pytest.raises(subprocess.CalledProcessError, match="exit status 2"):
-        subprocess.run(
-            [sys.executable, "-m", "rl.cli", "budgets", str(export), "--data", str(run_dir / "data"), "--judge", "bleu"],
-            cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=300, check=True,
-        )  # fmt: skip
 
 
 # -- budgets found by the run itself (selective.search_budgets) ------------------------------------------

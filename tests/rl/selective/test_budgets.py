@@ -91,7 +91,7 @@ def test_the_accuracy_judge_decodes_each_candidate_and_its_full_context_evicts_n
     """`GreedyAccuracy`: budgets of its `context` decode what an engine without budgets decodes, token for
     token; budgets of 2 decode something else and hold at most 2 keys a layer; the accuracy is the graded
     mean of what was decoded."""
-    from rl.selective.budgets import GreedyAccuracy, accuracy_budget_search
+    from rl.selective.budgets import GreedyAccuracy, accuracy_budget_search, search_rows
     from rollouts.engines.reference import ReferenceEngine
     from rollouts.protocol import LayoutSettings
 
@@ -116,3 +116,9 @@ def test_the_accuracy_judge_decodes_each_candidate_and_its_full_context_evicts_n
     assert judge((2,) * 4) == sum(r.accuracy for r in tight.rewards) / 2
     with pytest.raises(ValueError, match="accuracy points"):
         accuracy_budget_search(judge, num_layers=4, context=judge.context, tolerance=5)
+    # what `heed budgets` and the run's budget_search phase call: the same search, named by its judge
+    layout, step = LayoutSettings(block_size=32), judge.context  # one step: each layer straight to 2
+    by_name = search_rows(engine.model, tokenizer, rows, layout, "accuracy", step=step, max_tokens=12)
+    assert by_name.as_dict() == accuracy_budget_search(judge, 4, judge.context, step=step).as_dict()
+    with pytest.raises(ValueError, match="unknown budget judge 'bleu'"):
+        search_rows(engine.model, tokenizer, rows, layout, "bleu")
