@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from rl.cli import main
 from tests.rl.jobs import ROOT
 from tests.rl.test_train_e2e import OVERRIDES, train_job
 
@@ -130,50 +131,45 @@ def test_the_served_export_reproduces_the_final_eval_and_reports_each_layers_rea
         assert h["kv_tokens"] < h["kv_tokens_vanilla"]
 
 
-def test_heed_budgets_searches_the_exports_budgets_and_writes_them(run_dir, tmp_path):
-    """`heed budgets` on a copy of the export: the greedy search on gold completions under the DA mask
-    ends within its target and stores its budgets where the engines and `heed eval` read them."""
+def test_heed_budgets_searches_the_exports_budgets_and_writes_them(run_dir, tmp_path, capsys):
+    """`heed budgets` on a copy of the export: the greedy search on gold completions under the DA mask ends
+    within its target and stores its budgets where the engines and `heed eval` read them. (The command's
+    entry point, called in this process: a subprocess would spend seconds importing torch again.)"""
     import shutil
 
     export = tmp_path / "export"
     shutil.copytree(run_dir / "export", export)
-    out = subprocess.run(
-        [sys.executable, "-m", "rl.cli", "budgets", str(export), "--data", str(run_dir / "data"), "--split", "test",
-         "--examples", "2", "--step", "300", "--write"],
-        cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-4000:]
+    status = main(["budgets", str(export), "--data", str(run_dir / "data"), "--split", "test", "--examples", "2",
+                   "--step", "300", "--write"])  # fmt: skip
+    out = capsys.readouterr()
+    assert status == 0, out.err[-4000:]
     found = json.loads((export / "heed.json").read_text())["selective_budgets"]
     assert json.loads((export / "config.json").read_text())["selective_budgets"] == found
-    assert f"budgets {found}" in out.stdout and len(found) == 4
+    assert f"budgets {found}" in out.out and len(found) == 4
     assert all(b >= 2 for b in found)
-    loss, target = map(float, re.search(r"loss ([\d.]+) <= target ([\d.]+)", out.stdout).groups())
+    loss, target = map(float, re.search(r"loss ([\d.]+) <= target ([\d.]+)", out.out).groups())
     assert loss <= target
 
 
-def test_heed_budgets_judged_by_accuracy_keeps_the_policys_answers(run_dir, tmp_path):
+def test_heed_budgets_judged_by_accuracy_keeps_the_policys_answers(run_dir, tmp_path, capsys):
     """`heed budgets --judge accuracy`: the policy's own greedy answers decide, and every accepted reduction
     keeps the accuracy at or above the full cache's minus the tolerance."""
     import shutil
 
     export = tmp_path / "export"
     shutil.copytree(run_dir / "export", export)
-    out = subprocess.run(
-        [sys.executable, "-m", "rl.cli", "budgets", str(export), "--data", str(run_dir / "data"), "--split", "test",
-         "--examples", "2", "--step", "300", "--max-tokens", "24", "--judge", "accuracy", "--tolerance", "0.5",
-         "--write"],
-        cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-4000:]
-    context, full = re.search(r"full cache \((\d+) tokens a layer\)  accuracy ([\d.]+)", out.stdout).groups()
+    status = main(["budgets", str(export), "--data", str(run_dir / "data"), "--split", "test", "--examples", "2",
+                   "--step", "300", "--max-tokens", "24", "--judge", "accuracy", "--tolerance", "0.5",
+                   "--write"])  # fmt: skip
+    out = capsys.readouterr()
+    assert status == 0, out.err[-4000:]
+    context, full = re.search(r"full cache \((\d+) tokens a layer\)  accuracy ([\d.]+)", out.out).groups()
     assert 400 < int(context) < 700  # prompts are ~450 tokens, plus 24 generated
     found = json.loads((export / "heed.json").read_text())["selective_budgets"]
-    accuracy, target = map(
-        float, re.search(r"greedy accuracy ([\d.]+) >= target ([\d.]+)", out.stdout).groups()
-    )
-    assert f"budgets {found}" in out.stdout and all(2 <= b < int(context) for b in found)
+    accuracy, target = map(float, re.search(r"greedy accuracy ([\d.]+) >= target ([\d.]+)", out.out).groups())
+    assert f"budgets {found}" in out.out and all(2 <= b < int(context) for b in found)
     assert target == pytest.approx(max(0.0, float(full) - 0.5), abs=1e-4) and accuracy >= target
-    accepted = [float(a) for a in re.findall(r"\]  accuracy ([\d.]+)", out.stdout)]
+    accepted = [float(a) for a in re.findall(r"\]  accuracy ([\d.]+)", out.out)]
     assert accepted and all(a >= target for a in accepted)
 
 
@@ -248,7 +244,7 @@ def test_a_resume_after_the_search_keeps_its_budgets(searched, tmp_path):
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
-    assert "budget_search: done earlier, skipped" in out.stdout
+    assert "budget_search: done earlier, skipped" in out.out
     resumed = json.loads((run_dir / "state.json").read_text())
     found = state["budgets"]
     assert resumed["budgets"] == found and resumed["grpo_budgets"] == halved(found)
