@@ -24,9 +24,11 @@ Two judges decide what "within target" means (``heed budgets --judge``):
 - ``loss``: the loss of the split's gold DA traces, teacher-forced under the candidate's evictions, at most
   the full cache's times ``1 + tolerance``. Cheap (one forward per batch), but it charges a policy for every
   gold token it would not write, a chunk number it no longer copies included, and says nothing of the answer.
-- ``accuracy``: the policy's own greedy completions (``da``, the reference engine evicting as the candidate
-  says), graded as ``heed eval`` grades them; the error ``1 - accuracy`` at most the full cache's plus
-  ``tolerance`` (accuracy points). What users get, at the cost of generating every example per candidate.
+- ``accuracy``: the policy's own greedy completions (``da``, evicting as the candidate says), graded as
+  ``heed eval`` grades them; the error ``1 - accuracy`` at most the full cache's plus ``tolerance``
+  (accuracy points). What users get, at the cost of a batched forward of every example per candidate
+  and a token-by-token decode of each completion the candidate changed
+  (:mod:`rl.selective.verified_greedy`).
 """
 
 from __future__ import annotations
@@ -218,14 +220,22 @@ def accuracy_budget_search(
 @dataclass
 class GreedyAccuracy:
     """The ``accuracy`` judge's measure, for :func:`accuracy_budget_search`: the policy's greedy ``da``
-    completions of ``requests`` on the reference engine, evicting under the candidate's budgets, graded as
-    ``heed eval`` grades them (:func:`rl.evaluate.run_requests`). ``progress(budgets, accuracy)`` after each.
+    completions of ``requests`` under the candidate's budgets, graded as ``heed eval`` grades them
+    (:func:`rl.evaluate.run_requests`). They are decoded by checking the completions of the nearest budgets
+    already measured, the reference engine decoding only what changed
+    (:class:`rl.selective.verified_greedy.VerifiedGreedy`). ``progress(budgets, accuracy)`` after each.
     """
 
     model: object
     tokenizer: object
     requests: list  # greedy `da` RolloutRequests, one per example
     progress: Callable[[tuple[int, ...], float], None] | None = None
+    decoder: object = field(init=False, repr=False)
+
+    def __post_init__(self):
+        from rl.selective.verified_greedy import VerifiedGreedy
+
+        self.decoder = VerifiedGreedy(self.model, self.tokenizer, self.requests)
 
     @classmethod
     def of(cls, model, tokenizer, rows, layout, max_tokens: int = 64, progress=None) -> GreedyAccuracy:
@@ -245,10 +255,8 @@ class GreedyAccuracy:
     def report(self, budgets: tuple[int, ...]):
         """The :class:`rl.evaluate.EvalReport` of the requests decoded under ``budgets``."""
         from rl.evaluate import run_requests
-        from rollouts.engines.reference import ReferenceEngine
 
-        engine = ReferenceEngine(self.model, self.tokenizer, budgets=budgets, num_threads=1)
-        return run_requests(self.requests, engine.generate, modes=("da",))
+        return run_requests(self.requests, lambda requests: self.decoder.generate(budgets), modes=("da",))
 
     def __call__(self, budgets: tuple[int, ...]) -> float:
         rewards = self.report(budgets).rewards
