@@ -100,6 +100,7 @@ class VerifiedGreedy:
     def _finish_reason(self, ids: list[int]) -> str:
         return "stop" if ids and ids[-1] in self.stop_ids else "length"
 
+    @torch.no_grad()
     def _argmax(self, requests, drafts, budgets: tuple[int, ...]) -> list[list[int]]:
         """Per row, the greedy token after each prefix of its draft: ``len(draft) + 1`` tokens."""
         traces = [trace_completion(r.layout, draft, self.token_table) for r, draft in zip(requests, drafts)]

@@ -244,7 +244,7 @@ def test_a_resume_after_the_search_keeps_its_budgets(searched, tmp_path):
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
-    assert "budget_search: done earlier, skipped" in out.out
+    assert "budget_search: done earlier, skipped" in out.stdout
     resumed = json.loads((run_dir / "state.json").read_text())
     found = state["budgets"]
     assert resumed["budgets"] == found and resumed["grpo_budgets"] == halved(found)
