@@ -53,6 +53,7 @@ from rl.config import RunConfig, save_run_config
 from rl.console import ProgressLines, console, interactive, route_framework_logs
 from rl.distributed import TrainerRanks, release_process_group
 from rl.environment import describe as describe_environment
+from rl.eval_requests import spread_rows
 from rl.run_grpo import grpo_trainer
 from rl.run_inputs import complete_checkpoints, load_policy, run_data, run_model, run_tokenizer, set_budgets
 from rl.run_pool import start_pool
@@ -106,7 +107,8 @@ class TrainRecipe:
                 self._data()
         self.examples = {str(r["id"]): r for r in self.data[cfg.data.train_split]}
         held_out = list(self.data[cfg.data.eval_split])
-        self.eval_rows = held_out[: cfg.data.eval_examples] if cfg.data.eval_examples else held_out
+        # a split is written task by task and length by length: deal the rows over them, not its first ones
+        self.eval_rows = spread_rows(held_out, cfg.data.eval_examples) if cfg.data.eval_examples else held_out
 
     def _select_kernel(self) -> None:
         """Register Selective Attention with transformers, its prefills on ``selective.kernel``, before the
@@ -341,7 +343,6 @@ class TrainRecipe:
     def _search_budgets(self) -> list[int]:
         """Rank 0: search, save the policy with its budgets to ``RUN_DIR/budget_search`` (where a resume
         loads it from) and restart the rollout pool on it (engines evict under a checkpoint's budgets)."""
-        from rl.eval_requests import spread_rows
         from rl.selective.budgets import search_rows
 
         cfg, selective = self.config, self.config.selective

@@ -143,7 +143,7 @@ class DataSection(Section):
     build: dict | None = None
     train_split: str = "train"  # split the SFT and GRPO prompts come from
     eval_split: str = "test"  # held-out split the evaluations read
-    eval_examples: int = 40  # held-out examples evaluated per mode; 0 = the whole split
+    eval_examples: int = 40  # held-out examples evaluated per mode, dealt over tasks and lengths; 0 = all
 
     def validate(self):
         given = [k for k in ("path", "build") if getattr(self, k) is not None]

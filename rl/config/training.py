@@ -15,7 +15,7 @@ from typing import ClassVar
 from data.config import OOD_SPLIT, SPLITS
 from rl.config.sections import ModelSection, RunSection
 from rl.config.validation import ConfigError, Section, check, resolve_path, search_roots
-from rollouts.selective.constants import BUDGET_JUDGES, KERNELS, MIN_BUDGET
+from rollouts.selective.constants import BUDGET_JUDGES, KERNELS, MIN_BUDGET, check_accuracy_tolerance
 
 # TRL 1.16 GRPOConfig's accepted values (trl/trainer/grpo_config.py, `loss_type`, `scale_rewards` and
 # `vllm_importance_sampling_mode` help), hard-coded so loading a config does not import TRL.
@@ -356,11 +356,10 @@ class SelectiveSection(Section):
         self.one_of("search_judge", BUDGET_JUDGES)
         self.at_least("search_tolerance", 0)
         if self.search_judge == "accuracy":
-            check(
-                self.search_tolerance <= 1,
-                self.key("search_tolerance"),
-                f"the accuracy judge's tolerance is in accuracy points, 0 to 1; got {self.search_tolerance}",
-            )
+            try:
+                check_accuracy_tolerance(self.search_tolerance)
+            except ValueError as error:
+                raise ConfigError(f"{self.key('search_tolerance')}: {error}") from None
         self.at_least("memory_eps", 0)
         self.at_least("memory_tau", 0, strict=True)
         self.at_least("grpo_memory_eps", 0)

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from rollouts.selective.constants import BUDGET_JUDGES
+from rollouts.selective.constants import BUDGET_JUDGES, check_accuracy_tolerance
 from rollouts.selective.eviction import MIN_BUDGET, check_budgets
 
 
@@ -174,12 +174,6 @@ def check_judge(judge: str, tolerance: float) -> None:
         raise ValueError(f"unknown budget judge {judge!r}; choose one of {', '.join(BUDGET_JUDGES)}")
     if judge == "accuracy":
         check_accuracy_tolerance(tolerance)
-
-
-def check_accuracy_tolerance(tolerance: float) -> None:
-    """The ``accuracy`` judge's tolerance is in accuracy points."""
-    if not 0.0 <= tolerance <= 1.0:
-        raise ValueError(f"the accuracy judge's tolerance is in accuracy points, 0 to 1; got {tolerance}")
 
 
 def accuracy_budget_search(

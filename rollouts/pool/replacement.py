@@ -62,7 +62,8 @@ class ActorReplacement:
             actor.load_weights.remote(self._weights)  # queued before any shard it will receive
         return actor
 
-    def _replace_actor(self, slot: int) -> None:
+    def _replace_actor(self, slot: int, reason: str = "died") -> None:
+        """Kill the actor in ``slot`` and start another on its bundle; ``reason``: why (the log says it)."""
         import ray
 
         if self.restarts >= self.config.max_actor_restarts:
@@ -76,7 +77,9 @@ class ActorReplacement:
         # the ping runs after the engine is up (and has the latest weights), before any shard sent to it
         deadline = time.monotonic() + self.config.replace_timeout_s
         self._starting[bundle] = (self.actors[slot].pid.remote(), deadline)
-        logger.warning("rollout actor %d replaced (%d replacements so far)", bundle, self.restarts)
+        logger.warning(
+            "rollout actor %d replaced (%d replacements so far): %s", bundle, self.restarts, reason
+        )
 
     def _next_deadline_s(self) -> float | None:
         """Seconds until the first starting replacement is due; None when none is starting."""

@@ -192,7 +192,7 @@ class RolloutPool(ActorReplacement, WeightUpdates):
                 # only if the slot still holds the actor that failed: a call that failed on an actor
                 # already replaced (or dropped) must not take its replacement down too
                 if (actor_died or not is_rejection(err)) and slot is not None:
-                    self._replace_actor(slot)  # dead, or its engine may be broken mid-step
+                    self._replace_actor(slot, reason)  # dead, or its engine may be broken mid-step
                     move_off(actor, done_ok=True)  # queued on the replaced actor: move it
                 self._retry(shard, reason, requests, results, submit, final=is_rejection(err))
                 continue

@@ -76,7 +76,7 @@ class WeightUpdates:
         ping, then went: a kill or an OOM is not instant) is replaced like one found dead before: its
         replacement loads ``_weights`` before anything else, and is waited for."""
         for slot in _dead_slots([a.load_weights.remote(self._weights) for a in self.actors]):
-            self._replace_actor(slot)
+            self._replace_actor(slot, "died while loading weights")
         self._await_replacements()
 
     # -- broadcast ---------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class WeightUpdates:
             if not dead:
                 return
             for slot in dead:
-                self._replace_actor(slot)
+                self._replace_actor(slot, "died before the weight sync")
 
     def _form_group(self, device: torch.device) -> None:
         """A new group: the driver binds a free port, every actor's workers join (rank 1 onwards)."""

@@ -1,4 +1,5 @@
-"""Selective Attention's names and numbers, torch-free: what configs validate against and checkpoints carry.
+"""Selective Attention's names and numbers, torch-free: what configs validate against and checkpoints carry,
+and the checks both the config and the code that computes run.
 
 The modules that compute with them import them from here, and so does anything that must stay light (the
 run config, export), so no value is written twice.
@@ -22,3 +23,14 @@ CONFIG_KEY = "selective_budgets"  # where a checkpoint's config.json keeps its p
 # What a budget search keeps within its tolerance of the full cache (rl/selective/budgets.py): the gold
 # traces' loss, or the policy's own greedy accuracy
 BUDGET_JUDGES = ("loss", "accuracy")
+
+
+def check_accuracy_tolerance(tolerance: float) -> None:
+    """The ``accuracy`` judge's tolerance is in accuracy points, 0 to 1.
+
+    >>> check_accuracy_tolerance(1.5)
+    Traceback (most recent call last):
+    ValueError: the accuracy judge's tolerance is in accuracy points, 0 to 1; got 1.5
+    """
+    if not 0.0 <= tolerance <= 1.0:
+        raise ValueError(f"the accuracy judge's tolerance is in accuracy points, 0 to 1; got {tolerance}")

@@ -4,6 +4,7 @@ Tests run in file order on one pool (starting engines is the expensive part); ea
 it leaves. Expected log-probs come from the reference engine, not from the pool.
 """
 
+import logging
 import threading
 import time
 
@@ -110,11 +111,12 @@ def lose(ray, actor) -> None:
 
 
 def test_actors_dead_between_steps_are_replaced_by_the_next_update(
-    ray_pool, acme, tokenizer, tiny_model_dir, monkeypatch
+    ray_pool, acme, tokenizer, tiny_model_dir, monkeypatch, caplog
 ):
     """Actors that died while the trainer was busy: the next weight update replaces them (rather than
     failing the step), both the one found dead by the update's ping and one that answered the ping and
-    died before loading the weights; every actor, the replacements included, decodes with the new ones."""
+    died before loading the weights; the log says which was which; every actor, the replacements
+    included, decodes with the new ones."""
     ray, pool = ray_pool
     newer = perturbed_model(tiny_model_dir, seed=2)
     restarts = pool.restarts
@@ -126,8 +128,11 @@ def test_actors_dead_between_steps_are_replaced_by_the_next_update(
         lose(ray, pool.actors[0])
 
     monkeypatch.setattr(pool, "_check_actors", check_then_lose_actor_0)
-    pool.update_weights(newer.state_dict())
+    with caplog.at_level(logging.WARNING, logger="rollouts.pool"):
+        pool.update_weights(newer.state_dict())
     assert pool.restarts == restarts + 2
+    reasons = [m.split(": ", 1)[1] for m in caplog.messages if "replaced" in m]
+    assert reasons == ["died before the weight sync", "died while loading weights"]
     out = pool.generate(gold_requests(acme, 4))
     assert len({t.extra["actor_pid"] for t in out}) == 2  # both actors, the replacements
     (want,) = ReferenceEngine(newer, tokenizer, num_threads=1).generate(gold_requests(acme, 1))
