@@ -10,6 +10,7 @@ saw.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 
@@ -31,14 +32,24 @@ def answering(model, tokenizer, corpus, examples: int, seed: int, max_new_tokens
             right = 0
             for context in contexts:
                 ids = torch.tensor([corpus.prompt(context)])
-                out = model.generate(
-                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                )  # fmt: skip
+                with _state_bound(model):
+                    out = model.generate(
+                        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                        do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                    )  # fmt: skip
                 numbers = _NUMBER.findall(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
                 right += bool(numbers) and numbers[-1] == context.asked.answer
             results[f"{task}/{family}"] = {"accuracy": round(right / examples, 4), "n": examples}
     return results
+
+
+def _state_bound(model):
+    """A Selective Attention model decodes over its KV cache with one state per generation; others as is."""
+    if not getattr(model.config, "selective_attention", False):
+        return contextlib.nullcontext()
+    from rollouts.selective.attention import bind_state
+
+    return bind_state(model)
 
 
 def write_card(path, results: dict) -> None:
@@ -49,6 +60,14 @@ def write_card(path, results: dict) -> None:
         f"| {key.split('/')[0]} | {key.split('/')[1]} | {v['accuracy']:.3f} | {v['n']} |"
         for key, v in results["answering"].items()
     )
+    selective = cfg.get("selective") or {}
+    selective_line = (
+        "\n\nA Selective Attention model from its first step (head 0's logits mask context for every head, no new "
+        f"parameters), trained with L_mem at eps {selective['memory_eps']}, tau {selective['memory_tau']} (arXiv "
+        "2410.02703): it loads as one once `rollouts.selective.attention.register_selective_attention()` has run."
+        if selective.get("enabled")
+        else ""
+    )
     path.write_text(f"""# {results["name"]}
 
 Heed's own base model: a {results["parameters"] / 1e6:.2f}M-parameter Qwen3 (hidden {model["hidden_size"]},
@@ -56,7 +75,7 @@ Heed's own base model: a {results["parameters"] / 1e6:.2f}M-parameter Qwen3 (hid
 {model["head_dim"]}, MLP {model["intermediate_size"]}, tied embeddings) trained from scratch on the corpus Heed generates
 (`data/corpus.py`): documents over Heed's word list with magic-number facts, look-alike keys and two-hop links,
 and questions with their answers in three layouts. No DA tags: it is a plain language model of that world, to
-be post-trained as a user post-trains Qwen3 (the tags become new tokens, rl/added_tokens.py).
+be post-trained as a user post-trains Qwen3 (the tags become new tokens, rl/added_tokens.py).{selective_line}
 
 Made by `heed pretrain --config configs/base/tiny-base.yaml` (seed {cfg["seed"]}), bf16 weights.
 

@@ -8,6 +8,12 @@ steps, and at the end the base written as a HF folder (bf16 safetensors, tokeniz
 it can do). The run directory keeps the loss curve (``loss_curve.jsonl``: train loss every ``log_every``
 steps, held-out loss every ``eval_every``) and the checkpoint to resume from.
 
+With ``selective.enabled`` the base is a Selective Attention model from its first step, trained with the
+paper's memory loss L_mem beside the next-token loss (arXiv 2410.02703, eq. 2): the base the Selective
+Attention recipe (``configs/tiny-selective.yaml``) post-trains. Selective Attention cannot be switched on
+over a base pretrained without it: its head 0 then masks what the other heads read, and SFT learns an
+answer that reads no context (bench/BENCHMARKS.md, "A standard base under Selective Attention").
+
 What is left out: data parallelism (one process, ``threads`` cores), mixed precision (CPU float32; the
 weights are rounded to bf16 once, at the end, and the card's figures are measured on the rounded weights).
 """
@@ -28,6 +34,7 @@ from data.corpus import Corpus, CorpusConfig
 from rl.config.validation import ConfigError, check, from_mapping
 from rl.console import console
 from rl.model import TinyModelConfig
+from rollouts.selective.constants import DEFAULT_EPS, DEFAULT_TAU, SELECTIVE
 
 CHECKPOINT = "checkpoint.pt"
 CURVE = "loss_curve.jsonl"
@@ -99,6 +106,20 @@ class RecallWarmup:
 
 
 @dataclass(kw_only=True)
+class SelectivePretrain:
+    """Selective Attention from the first step, as the paper pretrains it: the model is built with
+    ``selective_attention: true`` and each step's loss adds ``L_mem`` (``rl.selective.losses``)."""
+
+    enabled: bool = False
+    memory_eps: float = DEFAULT_EPS  # L_mem's weight (the paper's 0.1)
+    memory_tau: float = DEFAULT_TAU  # F at which a key counts as fully masked
+
+    def __post_init__(self):
+        check(self.memory_eps >= 0, "selective.memory_eps", f"must be >= 0, got {self.memory_eps}")
+        check(self.memory_tau > 0, "selective.memory_tau", f"must be > 0, got {self.memory_tau}")
+
+
+@dataclass(kw_only=True)
 class PretrainConfig:
     """One `heed pretrain` run; every key a comment."""
 
@@ -114,6 +135,7 @@ class PretrainConfig:
     batch_size: int = 8  # rows a step
     max_steps: int = 2000
     recall_warmup: RecallWarmup = field(default_factory=RecallWarmup)  # the first steps' tables
+    selective: SelectivePretrain = field(default_factory=SelectivePretrain)  # a Selective Attention base
     learning_rate: float = 3.0e-3  # peak
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1  # the cosine decays to this share of the peak
@@ -202,6 +224,12 @@ class Pretraining:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tokenizer = build_tokenizer(vocab_size=cfg.vocab_size)
         self.model = build_tiny_model(self.tokenizer, cfg.model)
+        if cfg.selective.enabled:
+            from rollouts.selective.attention import enable_selective_attention, register_selective_attention
+
+            register_selective_attention()
+            enable_selective_attention(self.model.config)
+            self.model.set_attn_implementation(SELECTIVE)
         self.corpus = Corpus(self.tokenizer, cfg.corpus)
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2 and "embed" not in n]
         rest = [p for n, p in self.model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
@@ -250,7 +278,7 @@ class Pretraining:
             group["lr"] = learning_rate(cfg, self.step)
         batches = self.batches(self.step)  # each [B, T]
         self.model.train()
-        loss = sum(self.model(input_ids=b, labels=b).loss for b in batches)
+        loss = sum(self.loss(b) for b in batches)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
@@ -258,6 +286,18 @@ class Pretraining:
         self.step += 1
         self.tokens += sum(b.numel() for b in batches)
         return loss.item()
+
+    def loss(self, ids: torch.Tensor) -> torch.Tensor:
+        """The training loss of one batch ``[B, T]``: next-token, plus L_mem for a Selective Attention base."""
+        selective = self.config.selective
+        if not selective.enabled:
+            return self.model(input_ids=ids, labels=ids).loss
+        from rl.selective.losses import forward_with_memory_loss
+
+        outputs, l_mem = forward_with_memory_loss(
+            self.model, ids, labels=ids, eps=selective.memory_eps, tau=selective.memory_tau
+        )
+        return outputs.loss + l_mem
 
     def batches(self, step: int) -> list[torch.Tensor]:
         """The token ids ``step`` trains on: ``[recall_warmup.batch_size, recall_warmup.seq_len]`` recall

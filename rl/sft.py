@@ -11,7 +11,8 @@ its smallest model), so RL starts from a short supervised phase on gold traces. 
 The loop is Hugging Face's ``Trainer`` (so accelerate/DeepSpeed configs apply unchanged) with a
 collator that builds the masked batch; the model computes the shifted cross-entropy from ``labels``.
 A Selective Attention model (``selective_attention: true``) adds the memory loss ``L_mem`` with weight
-``memory_eps`` (:class:`MemoryLossTrainer`; logged as ``memory_loss``), which rewards masking context.
+``memory_eps`` (:class:`MemoryLossTrainer`; logged as ``memory_loss``), which rewards masking context, and
+can fade its selection in from a given step (:func:`selection_weight`, for a base pretrained without it).
 ``unmasked_share`` trains that share of the rows with full causal attention instead (the same gold trace,
 every chunk in view: the ``da-nm`` eval's attention), so the policy still answers when served without its
 mask, in plain transformers or stock vLLM. ``copy_rows`` adds, from step ``copy_from_step`` on, the loss of that many copy rows per step
@@ -141,6 +142,10 @@ class SFTConfig:
     )
     memory_eps: float = 0.0  # Selective Attention models: weight of L_mem in the loss (paper: 0.1); 0: off
     memory_tau: float = 1.0  # L_mem's tau
+    # Selective Attention models: head 0's selection masks nothing before this step, then fades in over
+    # selection_ramp_steps (selection_weight): for a model pretrained without Selective Attention
+    selection_from_step: int = 0
+    selection_ramp_steps: int = 0
     copy_rows: int = 0  # rl.copy_rows.ValueCopyRows rows added to each step's loss (0: none)
     copy_from_step: int = 0  # the first step that adds them
     copy_segment: int = 24  # tokens per segment of a copy row
@@ -155,6 +160,8 @@ class SFTConfig:
                 raise ValueError(f"SFTConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.learning_rate <= 0:
             raise ValueError(f"SFTConfig.learning_rate must be > 0, got {self.learning_rate}")
+        if min(self.selection_from_step, self.selection_ramp_steps) < 0:
+            raise ValueError("SFTConfig.selection_from_step and selection_ramp_steps must be >= 0")
 
 
 def training_arguments(config: SFTConfig, **overrides):
@@ -208,7 +215,8 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
     if config.group_by_length:  # one length per optimizer step, so every rank's micro-batches share it
         step_rows = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
         encoded = encoded.select(length_grouped_order(encoded["length"], step_rows, config.seed))
-    memory = getattr(model.config, "selective_attention", False) and config.memory_eps > 0
+    fade_in = config.selection_from_step or config.selection_ramp_steps
+    memory = getattr(model.config, "selective_attention", False) and (config.memory_eps > 0 or fade_in)
     collator = DACollator(tokenizer, model.config._attn_implementation or "sdpa", padding_mask=memory)
     trainer_cls, extra = (MemoryLossTrainer, {"memory": config}) if memory else (Trainer, {})
     if config.copy_rows:
@@ -273,9 +281,30 @@ def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int) -> 
     return [i for batch in batches for i in batch] + rest
 
 
+def selection_weight(step: int, from_step: int, ramp_steps: int) -> float:
+    """How much head 0's selection masks at SFT step ``step`` (:class:`AttentionState`'s
+    ``selection_weight``): nothing before ``from_step``, then rising linearly to all of it over
+    ``ramp_steps``.
+
+    A model pretrained without Selective Attention has a head 0 that attends to what the other heads need,
+    and under Selective Attention that is what it masks: SFT then finds an answer that reads nothing. Faded
+    in once the policy copies what it reads, the selection learns around it (bench/BENCHMARKS.md, "A
+    standard base under Selective Attention").
+
+    >>> [selection_weight(s, from_step=250, ramp_steps=100) for s in (0, 250, 300, 350, 400)]
+    [0.0, 0.0, 0.5, 1.0, 1.0]
+    >>> selection_weight(0, from_step=0, ramp_steps=0)
+    1.0
+    """
+    if step < from_step:
+        return 0.0
+    return min(1.0, (step - from_step) / ramp_steps) if ramp_steps else 1.0
+
+
 class MemoryLossTrainer(Trainer):
     """``Trainer`` whose loss is the LM loss plus ``L_mem`` (paper eq. 2) of a Selective Attention model,
-    computed in the same forward; the mean ``L_mem`` since the last log goes out as ``memory_loss``."""
+    computed in the same forward, with head 0's selection faded in as ``selection_weight`` says; the mean
+    ``L_mem`` since the last log goes out as ``memory_loss``."""
 
     def __init__(self, *args, memory: SFTConfig, **kwargs):
         super().__init__(*args, **kwargs)
@@ -285,9 +314,12 @@ class MemoryLossTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
         padding_mask = inputs.pop("padding_mask")
+        cfg = self.memory
+        weight = selection_weight(self.state.global_step, cfg.selection_from_step, cfg.selection_ramp_steps)
         outputs, l_mem = forward_with_memory_loss(
-            model, padding_mask=padding_mask, eps=self.memory.memory_eps, tau=self.memory.memory_tau, **inputs
-        )
+            model, padding_mask=padding_mask, eps=cfg.memory_eps, tau=cfg.memory_tau, selection_weight=weight,
+            **inputs,
+        )  # fmt: skip
         self._memory_losses.append(float(l_mem.detach()))
         loss = outputs.loss + l_mem
         return (loss, outputs) if return_outputs else loss

@@ -288,6 +288,8 @@ class TrainRecipe:
         sft_config = self._sft_config()
         if cfg.selective.enabled:
             sft_config.memory_eps, sft_config.memory_tau = cfg.selective.memory_eps, cfg.selective.memory_tau
+            sft_config.selection_from_step = cfg.selective.selection_from_step
+            sft_config.selection_ramp_steps = cfg.selective.selection_ramp_steps
         rows = list(self.data[cfg.data.train_split])
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()

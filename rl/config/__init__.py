@@ -151,6 +151,13 @@ class RunConfig(Section):
                 f"data.build.splits holds no {split!r} examples to search the budgets on: add some, or "
                 "name another split",
             )
+        fade_in = self.selective.selection_from_step + self.selective.selection_ramp_steps
+        check(
+            not fade_in or (self.sft.enabled and fade_in <= self.sft.max_steps),
+            "selective.selection_from_step",
+            f"the selection fades in during SFT, so it must be whole by sft.max_steps ({self.sft.max_steps}): "
+            f"selection_from_step + selection_ramp_steps is {fade_in}",
+        )
         layers = self.model.num_layers()
         if budgets is not None and layers is not None:
             check(

@@ -304,6 +304,12 @@ class SelectiveSection(Section):
     memory_eps: float = 0.1  # weight of the memory loss L_mem (paper eq. 2: eps) in the SFT loss; 0: off
     memory_tau: float = 1.0  # L_mem's tau: how much accumulated mask counts as a token fully masked
     grpo_memory_eps: float = 0.1  # weight of L_mem added to the GRPO loss (logged as aux_loss); 0: off
+    # For a model pretrained without Selective Attention (model.path): head 0's selection masks nothing
+    # before this SFT step, then fades in linearly over selection_ramp_steps (rl.sft.selection_weight): at
+    # once from the first step, such a base's head 0 masks what its other heads read, and SFT learns an
+    # answer that reads no context. Must end within sft.max_steps; after SFT it masks fully.
+    selection_from_step: int = 0
+    selection_ramp_steps: int = 0
     # The attention kernel of prefills and training forwards: dense (any device) or triton (fused: F is never
     # materialised; CUDA only, see docs/selective-attention.md, "Fused kernels"). Forwards that replay budgets always run dense.
     kernel: str = "dense"
@@ -363,4 +369,6 @@ class SelectiveSection(Section):
         self.at_least("memory_eps", 0)
         self.at_least("memory_tau", 0, strict=True)
         self.at_least("grpo_memory_eps", 0)
+        self.at_least("selection_from_step", 0)
+        self.at_least("selection_ramp_steps", 0)
         self.one_of("kernel", KERNELS)

@@ -46,6 +46,7 @@ def forward_with_memory_loss(
     padding_mask: torch.Tensor | None = None,  # [b, n], only needed with a 4D attention_mask
     eps: float = DEFAULT_EPS,
     tau: float = DEFAULT_TAU,
+    selection_weight: float = 1.0,
     **forward_kwargs,
 ):
     """``(outputs, l_mem)``: the model's forward and ``eps * sum_l max_i M_i^l / (L * n_nonpad)``.
@@ -55,10 +56,11 @@ def forward_with_memory_loss(
     the max (transformers' padding masks hide padding keys from every real query, and a padding query's
     ``M`` never exceeds that of the real token before it), and ``n_nonpad`` counts real tokens. A 4D
     ``attention_mask`` (e.g. Declarative Attention's) goes to the model as is; pass the 2D padding mask
-    as ``padding_mask`` then.
+    as ``padding_mask`` then. ``selection_weight``: :class:`AttentionState`'s (below 1 while Selective
+    Attention fades in over a model pretrained without it).
     """
     _require_selective(model)
-    state = AttentionState(tau=tau)
+    state = AttentionState(tau=tau, selection_weight=selection_weight)
     outputs = model(input_ids, attention_mask=attention_mask, heed_state=state, **forward_kwargs)
     if padding_mask is None:
         padding_mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None

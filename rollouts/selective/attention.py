@@ -94,6 +94,10 @@ class AttentionState:
     - ``record_attention``: record ``attention[layer]`` ``[b, q, kv]``, the softmax probabilities averaged
       over heads (the H2O / TOVA eviction scores).
     - ``kv_reads[layer]`` ``[b, q]``: the keys each query read, always recorded.
+    - ``selection_weight``: head 0's selection logits are scaled by it before the ReLU, so ``S`` and ``F``
+      scale with it (``relu(w x) = w relu(x)`` for ``w >= 0``): 0 is standard attention, 1 the paper's. A
+      training forward over a model pretrained without Selective Attention fades it in with it
+      (``selective.selection_from_step``); decoding and eviction always run at 1.
     - ``branches`` ``[b, n]``: a full forward over rows that pack a shared prefix and its continuations
       (0 on the prefix, ``j`` on continuation ``j``, -1 on padding after them: a GRPO group's prompt run once,
       ``rl/logprobs.py``). Each continuation accumulates ``F`` and replays eviction from the prefix alone
@@ -111,6 +115,7 @@ class AttentionState:
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
     kv_reads: dict[int, torch.Tensor] = field(default_factory=dict)
     branches: torch.Tensor | None = None
+    selection_weight: float = 1.0
 
 
 def _mask_view(attention_mask: torch.Tensor, kv: int) -> torch.Tensor:
@@ -136,6 +141,10 @@ def _selective_mask(module, query, key, visible, scaling, state: AttentionState 
     q_len, kv_len = query.shape[2], key.shape[2]
     layer = module.layer_idx
     head0 = head0_logits(query, key, scaling)  # [b, q, kv]
+    if state is not None and state.selection_weight != 1.0:
+        if state.selection_weight < 0:
+            raise ValueError(f"AttentionState.selection_weight must be >= 0, got {state.selection_weight}")
+        head0 = head0 * state.selection_weight
     if state is not None and state.branches is not None:
         return _branched_mask(state, layer, head0, visible)
     if q_len == kv_len:  # nothing cached before these queries: the sequence starts here
@@ -287,8 +296,8 @@ def _use_kernel(kernel: str, query, attention_mask, dropout, state: AttentionSta
     """Whether this prefill runs on the fused kernel (``kernel="triton"``).
 
     Only a forward over a fresh sequence on CUDA (or Triton's interpreter) with a bool mask (or none) and
-    without dropout, replayed budgets, attention reporting or branches: those need ``F`` or a float bias, or
-    accumulate ``F`` in a way the kernel does not.
+    without dropout, replayed budgets, attention reporting, branches or a selection weight: those need ``F``
+    or a float bias, or accumulate ``F`` in a way the kernel does not.
     """
     if kernel != "triton" or dropout or (attention_mask is not None and attention_mask.dtype != torch.bool):
         return False
@@ -296,7 +305,12 @@ def _use_kernel(kernel: str, query, attention_mask, dropout, state: AttentionSta
 
     if not kernel.runs_on(query):
         return False
-    return state is None or (state.budgets is None and not state.record_attention and state.branches is None)
+    return state is None or (
+        state.budgets is None
+        and not state.record_attention
+        and state.branches is None
+        and state.selection_weight == 1.0
+    )
 
 
 def _attention(

@@ -402,6 +402,17 @@ def test_random_step_overrides_round_trip(overrides):
             ["selective.enabled=true", "selective.kernel=flash"],
             r"selective\.kernel: must be one of dense, triton",
         ),
+        (
+            [
+                "selective.enabled=true",
+                "sft.max_steps=300",
+                "selective.selection_from_step=250",
+                "selective.selection_ramp_steps=100",
+            ],
+            r"selective\.selection_from_step: the selection fades in during SFT, so it must be whole by "
+            r"sft\.max_steps \(300\): selection_from_step \+ selection_ramp_steps is 350",
+        ),
+        (["selective.enabled=true", "selective.selection_ramp_steps=-1"], r"selective\.selection_ramp_steps"),
     ],
 )
 def test_selective_attention_settings_are_checked(overrides, message):

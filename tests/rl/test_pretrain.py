@@ -1,6 +1,6 @@
 """`heed pretrain` (rl/pretrain.py) on a model of two layers: a stopped run resumes to the same weights as an
-uninterrupted one, the base folder holds bf16 weights whose checksum its card records, and the config names
-a bad key."""
+uninterrupted one, the base folder holds bf16 weights whose checksum its card records, the config names
+a bad key, and a Selective Attention base trains with L_mem from its first step."""
 
 import json
 import re
@@ -206,3 +206,50 @@ def test_the_shipped_base_is_what_its_card_says():
             )
         ]
     assert sum(losses) / len(losses) == pytest.approx(card["heldout_loss"], rel=0.02)
+
+
+def peak_memory_share(run: Pretraining) -> float:
+    """The share of its context a Selective Attention base leaves unmasked, at its peak (L_mem's
+    ``max_i M_i / n``), averaged over layers, on the first held-out batch."""
+    from rollouts.selective.attention import AttentionState
+
+    state = AttentionState(tau=1.0)
+    batch = run.validation[0]
+    with torch.no_grad():
+        run.model(input_ids=batch, heed_state=state)
+    return float(torch.stack(list(state.peak_memory.values())).mean() / batch.shape[1])
+
+
+def test_a_selective_attention_base_is_one_from_its_first_step_and_l_mem_makes_it_mask(tmp_path):
+    """``selective.enabled``: the model is built with Selective Attention, every step adds L_mem to the
+    next-token loss, and L_mem does what it is for: the same 30 steps with a large eps leave the base
+    masking more of its context than without it. The base folder loads as a Selective Attention model, and
+    its card (which decodes with it) says so."""
+    from transformers import AutoModelForCausalLM
+
+    from rollouts.selective.attention import SELECTIVE
+
+    steps = ["max_steps=30", "warmup_steps=5", "eval_every=30", "save_every=30", "log_every=30"]
+    runs = {}
+    for eps in (0.0, 1.0):
+        run = Pretraining(
+            config(tmp_path, f"eps{eps}", *steps, "selective.enabled=true", f"selective.memory_eps={eps}")
+        )
+        run.setup(resume=False)
+        assert run.model.config.selective_attention and run.model.config._attn_implementation == SELECTIVE
+        start = peak_memory_share(run)
+        batch = run.batches(0)[0]
+        with torch.no_grad():  # the step's loss is the next-token loss plus eps * L_mem, L_mem in (0, 1]
+            extra = float(run.loss(batch) - run.model(input_ids=batch, labels=batch).loss)
+        assert extra == 0.0 if eps == 0 else 0.0 < extra <= eps
+        run.train()
+        runs[eps] = (start, peak_memory_share(run), run)
+    assert runs[0.0][0] == runs[1.0][0]  # one initialisation
+    assert runs[1.0][1] < runs[0.0][1] - 0.05, runs  # L_mem lowered the memory the base keeps
+
+    run = runs[1.0][2]
+    run.save()
+    out = tmp_path / "eps1.0" / "base"
+    assert json.loads((out / "config.json").read_text())["selective_attention"] is True
+    assert AutoModelForCausalLM.from_pretrained(out).config._attn_implementation == SELECTIVE
+    assert "A Selective Attention model from its first step" in (out / CARD).read_text()

@@ -167,6 +167,39 @@ def test_selective_model_sft_adds_the_memory_loss(tokenizer, selective_attention
     assert loss.item() == pytest.approx(lm.item() + l_mem.item(), rel=1e-6)
 
 
+def test_a_faded_in_selection_masks_nothing_before_its_step_and_all_from_its_end(
+    tokenizer, selective_attention
+):
+    """``selection_from_step`` / ``selection_ramp_steps``: before the step a Selective Attention model's SFT
+    loss is the same weights' loss under SDPA (transformers' own attention: an independent path), at the
+    end of the ramp the paper's, and half-way up neither."""
+    from rl.sft import MemoryLossTrainer
+    from rollouts.selective.attention import SELECTIVE
+
+    rows = [encode_sft_row(r, tokenizer) for r in acme_rows(2)]
+    standard = build_tiny_model(tokenizer, small_model_config())
+    with torch.no_grad():
+        plain = standard(**DACollator(tokenizer, "sdpa")(rows)).loss.item()
+    model = build_tiny_model(tokenizer, small_model_config())  # the same weights (one seed)
+    model.config.selective_attention = True
+    model.set_attn_implementation(SELECTIVE)
+    batch = DACollator(tokenizer, SELECTIVE, padding_mask=True)(rows)
+    paper = MemoryLossTrainer(model=model, memory=SFTConfig(memory_eps=0.0))
+    faded = MemoryLossTrainer(
+        model=model, memory=SFTConfig(memory_eps=0.0, selection_from_step=4, selection_ramp_steps=4)
+    )
+    losses = {}
+    with torch.no_grad():
+        full = paper.compute_loss(model, dict(batch)).item()
+        for step in (0, 3, 6, 8, 20):
+            faded.state.global_step = step
+            losses[step] = faded.compute_loss(model, dict(batch)).item()
+    assert full != pytest.approx(plain, rel=1e-4)  # the selection changes this model's loss
+    assert losses[0] == pytest.approx(plain, rel=1e-6) and losses[3] == pytest.approx(plain, rel=1e-6)
+    assert losses[8] == pytest.approx(full, rel=1e-6) and losses[20] == pytest.approx(full, rel=1e-6)
+    assert losses[6] not in (pytest.approx(plain, rel=2e-5), pytest.approx(full, rel=2e-5))
+
+
 def test_completion_loss_under_budgets(tokenizer, selective_attention):
     """The budget search's objective for a DA policy: with budgets the rows never reach it is the plain
     DA-masked SFT loss (an independent path: no eviction state at all); tight budgets change it."""

@@ -145,6 +145,25 @@ def test_selective_attention_changes_the_model(arch):
     assert diff > 1e-3
 
 
+def test_a_selection_weight_scales_the_mask_and_zero_is_standard_attention():
+    """``AttentionState.selection_weight``: 0 gives the same weights' standard attention (SDPA), and the first
+    layer's running mask (its inputs do not depend on the weight) scales with it: relu(w x) = w relu(x)."""
+    model = tiny_model("qwen3")
+    ids = torch.randint(1, VOCAB, (2, 10))
+    totals = {}
+    with torch.no_grad():
+        for weight in (0.0, 0.5, 1.0):
+            state = AttentionState(selection_weight=weight)
+            logits = model(ids, heed_state=state).logits
+            totals[weight] = state.accumulators[0].total
+            if weight == 0.0:
+                torch.testing.assert_close(logits, standard_twin(model)(ids).logits, atol=1e-5, rtol=1e-5)
+    assert totals[1.0].abs().max() > 1 and not totals[0.0].any()
+    torch.testing.assert_close(totals[0.5], 0.5 * totals[1.0])
+    with pytest.raises(ValueError, match="selection_weight"):
+        model(ids, heed_state=AttentionState(selection_weight=-1.0))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_kv_cache_decoding_equals_the_full_forward(arch):
     model = tiny_model(arch)
