@@ -288,8 +288,8 @@ def selection_weight(step: int, from_step: int, ramp_steps: int) -> float:
 
     A model pretrained without Selective Attention has a head 0 that attends to what the other heads need,
     and under Selective Attention that is what it masks: from SFT's first step, SFT then finds an answer
-    that reads nothing. Faded in later, the policy learns to copy under the full selection
-    (bench/BENCHMARKS.md, "A standard base under Selective Attention").
+    that reads nothing. Faded in later, the policy learned to copy under the full selection in two of three
+    runs (bench/BENCHMARKS.md, "A standard base under Selective Attention").
 
     >>> [selection_weight(s, from_step=250, ramp_steps=100) for s in (0, 250, 300, 350, 400)]
     [0.0, 0.0, 0.5, 1.0, 1.0]
