@@ -224,12 +224,11 @@ class Pretraining:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tokenizer = build_tokenizer(vocab_size=cfg.vocab_size)
         self.model = build_tiny_model(self.tokenizer, cfg.model)
-        if cfg.selective.enabled:
-            from rollouts.selective.attention import enable_selective_attention, register_selective_attention
+        if cfg.selective.enabled:  # as `heed train` switches a model it built (rl.run_inputs.run_model)
+            from rollouts.selective.attention import register_selective_attention
 
             register_selective_attention()
-            enable_selective_attention(self.model.config)
-            self.model.set_attn_implementation(SELECTIVE)
+            self.model.set_attn_implementation(SELECTIVE)  # the registry checks the config and sets the flag
         self.corpus = Corpus(self.tokenizer, cfg.corpus)
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2 and "embed" not in n]
         rest = [p for n, p in self.model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]

@@ -117,6 +117,10 @@ class AttentionState:
     branches: torch.Tensor | None = None
     selection_weight: float = 1.0
 
+    def __post_init__(self):
+        if self.selection_weight < 0:
+            raise ValueError(f"AttentionState.selection_weight must be >= 0, got {self.selection_weight}")
+
 
 def _mask_view(attention_mask: torch.Tensor, kv: int) -> torch.Tensor:
     """``[b|1, q, kv]``: an HF attention mask (``[b, 1, q, kv]`` or ``[b, q, kv]``) without its head axis."""
@@ -142,8 +146,6 @@ def _selective_mask(module, query, key, visible, scaling, state: AttentionState 
     layer = module.layer_idx
     head0 = head0_logits(query, key, scaling)  # [b, q, kv]
     if state is not None and state.selection_weight != 1.0:
-        if state.selection_weight < 0:
-            raise ValueError(f"AttentionState.selection_weight must be >= 0, got {state.selection_weight}")
         head0 = head0 * state.selection_weight
     if state is not None and state.branches is not None:
         return _branched_mask(state, layer, head0, visible)
