@@ -215,6 +215,9 @@ class HeedGRPOTrainer(GRPOTrainer):
             dashboard's per-batch reward breakdown is computed with it).
         memory_loss: ``(eps, tau)`` of the memory loss ``L_mem`` added to the loss of a Selective Attention
             policy (``eps`` 0: none), or ``None``.
+        eviction_gradient: what the update gives a token the rollout evicted, for a Selective Attention
+            policy under budgets (:class:`~rollouts.selective.attention.AttentionState`): ``"none"`` or
+            ``"straight_through"``.
         share_prompt: one forward row per distinct prompt (``[prompt | c_1 .. c_k]``) instead of one per
             completion, for policy, old-policy and reference log-probs and the backward (``None``: on).
         **kwargs: ``GRPOTrainer`` arguments (``model``, ``args``, ``train_dataset``, ``reward_funcs``, ...).
@@ -232,6 +235,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         decode_cost=None,
         reward_config=None,
         memory_loss: tuple[float, float] | None = None,
+        eviction_gradient: str = "none",
         share_prompt: bool | None = None,
         **kwargs,
     ):
@@ -265,6 +269,7 @@ class HeedGRPOTrainer(GRPOTrainer):
         self._pending_records: list[dict] = []
         self._rollout_traces: list[CompletionTrace] = []
         self.memory_loss = memory_loss
+        self.eviction_gradient = eviction_gradient
         if memory_loss is not None and memory_loss[0] > 0:
             # TRL's MoE router-loss slot: added to the loss (scaled for accumulation) and logged as aux_loss;
             # the weight is in L_mem already. Set after TRL's checks, which allow it for MoE models only.
@@ -448,7 +453,12 @@ class HeedGRPOTrainer(GRPOTrainer):
         if not getattr(config, "selective_attention", False):
             return None
         tau = self.memory_loss[1] if record_memory else None
-        return AttentionState(budgets=load_budgets(config), padding_mask=padding_mask.bool(), tau=tau)
+        return AttentionState(
+            budgets=load_budgets(config),
+            padding_mask=padding_mask.bool(),
+            tau=tau,
+            eviction_gradient=self.eviction_gradient,
+        )
 
     def _attn_implementation(self, model) -> str:
         config = getattr(self.accelerator.unwrap_model(model), "config", None)

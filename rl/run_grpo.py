@@ -79,6 +79,7 @@ def grpo_trainer(
         memory_loss=(cfg.selective.grpo_memory_eps, cfg.selective.memory_tau)
         if cfg.selective.enabled
         else None,
+        eviction_gradient=cfg.selective.eviction_gradient,
         share_prompt=g.share_prompt,
         callbacks=list(callbacks) + ([] if interactive() else [ProgressLines("grpo", extra=GRPO_PROGRESS)]),
     )

@@ -15,7 +15,13 @@ from typing import ClassVar
 from data.config import OOD_SPLIT, SPLITS
 from rl.config.sections import ModelSection, RunSection
 from rl.config.validation import ConfigError, Section, check, resolve_path, search_roots
-from rollouts.selective.constants import BUDGET_JUDGES, KERNELS, MIN_BUDGET, check_accuracy_tolerance
+from rollouts.selective.constants import (
+    BUDGET_JUDGES,
+    EVICTION_GRADIENTS,
+    KERNELS,
+    MIN_BUDGET,
+    check_accuracy_tolerance,
+)
 
 # TRL 1.16 GRPOConfig's accepted values (trl/trainer/grpo_config.py, `loss_type`, `scale_rewards` and
 # `vllm_importance_sampling_mode` help), hard-coded so loading a config does not import TRL.
@@ -304,6 +310,10 @@ class SelectiveSection(Section):
     memory_eps: float = 0.1  # weight of the memory loss L_mem (paper eq. 2: eps) in the SFT loss; 0: off
     memory_tau: float = 1.0  # L_mem's tau: how much accumulated mask counts as a token fully masked
     grpo_memory_eps: float = 0.1  # weight of L_mem added to the GRPO loss (logged as aux_loss); 0: off
+    # What GRPO's update gives a token the rollout evicted (rollouts/selective/attention.py AttentionState):
+    # "none", no gradient; "straight_through", the forward stays evicted and the backward runs through the
+    # attention without eviction, so a token evicted but needed has its F lowered and is held next time
+    eviction_gradient: str = "none"
     # For a model pretrained without Selective Attention (model.path): head 0's selection masks nothing
     # before this SFT step, then fades in linearly over selection_ramp_steps (rl.sft.selection_weight): at
     # once from the first step, such a base's head 0 masks what its other heads read, and SFT learns an
@@ -372,3 +382,4 @@ class SelectiveSection(Section):
         self.at_least("selection_from_step", 0)
         self.at_least("selection_ramp_steps", 0)
         self.one_of("kernel", KERNELS)
+        self.one_of("eviction_gradient", EVICTION_GRADIENTS)

@@ -96,10 +96,18 @@ def is_rejection(err: Exception) -> bool:
 
 
 def error_reason(err: Exception) -> str:
-    """The error of an actor call as one line: the remote cause's type and the last line of its message."""
+    """The error of an actor call as one line: the remote cause's type, and its message's first and last
+    lines (a message that embeds a traceback says what failed last; one that ends in advice, as torch's
+    compiler errors do, says it first).
+
+    >>> error_reason(ValueError("bad budget"))
+    'ValueError: bad budget'
+    >>> error_reason(RuntimeError("backend='inductor' raised:\\nCompilationError\\n\\nsuppress_errors = True"))
+    "RuntimeError: backend='inductor' raised: ... suppress_errors = True"
+    """
     from ray.exceptions import RayTaskError
 
     cause = err.cause if isinstance(err, RayTaskError) and err.cause is not None else err
-    return f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"[
-        :500
-    ]
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    message = " ... ".join(dict.fromkeys(lines[:1] + lines[-1:]))  # one line when first is last
+    return f"{type(cause).__name__}: {message}"[:500]

@@ -64,7 +64,7 @@ import torch.nn.functional as F_nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .constants import KERNEL_ENV, KERNELS, SELECTIVE, STANDARD, SUPPORTED_MODEL_TYPES
+from .constants import EVICTION_GRADIENTS, KERNEL_ENV, KERNELS, SELECTIVE, STANDARD, SUPPORTED_MODEL_TYPES
 from .eviction import evict_index, selective_keep_mask
 from .mask import MaskAccumulator, accumulated_mask, causal_visibility, effective_memory
 
@@ -103,6 +103,12 @@ class AttentionState:
       ``rl/logprobs.py``). Each continuation accumulates ``F`` and replays eviction from the prefix alone
       (:func:`rollouts.selective.mask.branched_shifted_cumsum`), as in a row of its own; ``peak_memory[layer]``
       is then ``[b, k]``, continuation ``j``'s peak over the prefix and its own rows in column ``j - 1``.
+    - ``eviction_gradient``: with replayed ``budgets``, ``"none"`` masks evicted keys out of the forward and
+      the backward alike, so no gradient reaches a key once evicted; ``"straight_through"`` keeps the forward
+      evicted (the same log-probs) and takes the backward through the same attention without eviction
+      (``soft + (evicted - soft).detach()``): an evicted key that would have raised the objective gets a
+      gradient lowering its ``F`` (the eviction rule's score), so the layer learns to hold it. Biased, as
+      straight-through estimators are, and one more attention per layer in the update.
     """
 
     accumulators: dict[int, MaskAccumulator] = field(default_factory=dict)
@@ -116,10 +122,16 @@ class AttentionState:
     kv_reads: dict[int, torch.Tensor] = field(default_factory=dict)
     branches: torch.Tensor | None = None
     selection_weight: float = 1.0
+    eviction_gradient: str = "none"
 
     def __post_init__(self):
         if self.selection_weight < 0:
             raise ValueError(f"AttentionState.selection_weight must be >= 0, got {self.selection_weight}")
+        if self.eviction_gradient not in EVICTION_GRADIENTS:
+            raise ValueError(
+                f"AttentionState.eviction_gradient must be one of {', '.join(EVICTION_GRADIENTS)}, "
+                f"got {self.eviction_gradient!r}"
+            )
 
 
 def _mask_view(attention_mask: torch.Tensor, kv: int) -> torch.Tensor:
@@ -334,6 +346,7 @@ def _attention(
                 state.peak_memory[module.layer_idx] = memory.amax(-1)
         return out, None  # no [b, q, kv] visibility built per layer when nothing records it
     visible, bias = _visible_and_bias(attention_mask, q_len, kv_len, query.device)  # [b|1, q, kv]
+    unevicted = visible
     if selective:
         mask, visible = _selective_mask(module, query, key, visible, scaling, state)
         bias = bias - mask
@@ -347,7 +360,21 @@ def _attention(
         out = torch.matmul(F_nn.dropout(probs, dropout), value)
     else:
         out = softmax_attention(query, key, value, visible, bias, scaling, dropout)
+        if _straight_through(state, selective):
+            soft = softmax_attention(query, key, value, unevicted, bias, scaling, dropout)
+            out = soft + (out - soft).detach()  # the evicted forward, the unevicted backward
     return out.transpose(1, 2).contiguous(), None
+
+
+def _straight_through(state: AttentionState | None, selective: bool) -> bool:
+    """Whether this forward's backward runs through the attention without the replayed eviction."""
+    return (
+        selective
+        and state is not None
+        and state.budgets is not None
+        and state.eviction_gradient == "straight_through"
+        and torch.is_grad_enabled()
+    )
 
 
 def selective_attention_forward(

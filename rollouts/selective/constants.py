@@ -23,6 +23,11 @@ CONFIG_KEY = "selective_budgets"  # where a checkpoint's config.json keeps its p
 # What a budget search keeps within its tolerance of the full cache (rl/selective/budgets.py): the gold
 # traces' loss, or the policy's own greedy accuracy
 BUDGET_JUDGES = ("loss", "accuracy")
+# What gradient a training forward that replays evictions gives the tokens it evicted: "none" (evicted
+# tokens are masked out, forward and backward: no signal to keep one) or "straight_through" (the forward
+# stays evicted, the backward runs through the same attention without eviction, so a token evicted but
+# needed has its F pushed down: rollouts/selective/attention.py)
+EVICTION_GRADIENTS = ("none", "straight_through")
 
 
 def check_accuracy_tolerance(tolerance: float) -> None:

@@ -413,6 +413,10 @@ def test_random_step_overrides_round_trip(overrides):
             r"sft\.max_steps \(300\): selection_from_step \+ selection_ramp_steps is 350",
         ),
         (["selective.enabled=true", "selective.selection_ramp_steps=-1"], r"selective\.selection_ramp_steps"),
+        (
+            ["selective.enabled=true", "selective.eviction_gradient=soft"],
+            r"selective\.eviction_gradient: must be one of none, straight_through",
+        ),
     ],
 )
 def test_selective_attention_settings_are_checked(overrides, message):

@@ -228,7 +228,7 @@ def selective_model(small_model, selective_attention):
     return model
 
 
-def selective_run(model, input_ids, traces, c_width, shared=None):
+def selective_run(model, input_ids, traces, c_width, shared=None, eviction_gradient="none"):
     """``(log-probs [B, C], L_mem, parameter gradients)`` of one GRPO-like loss under KV budgets and L_mem:
     one row per completion, or the packed rows ``shared``."""
     from rl.selective.losses import recorded_memory_loss
@@ -239,7 +239,9 @@ def selective_run(model, input_ids, traces, c_width, shared=None):
     padding = torch.zeros(input_ids.shape, dtype=torch.bool)  # TRL's attention mask
     for b, trace in enumerate(traces):
         padding[b, width - trace.layout.prompt_len : width + len(trace.row_state)] = True
-    state = AttentionState(budgets=(24, 16), padding_mask=padding, tau=1.0)  # prompts are 100+ tokens
+    state = AttentionState(  # prompts are 100+ tokens
+        budgets=(24, 16), padding_mask=padding, tau=1.0, eviction_gradient=eviction_gradient
+    )
     model.zero_grad(set_to_none=True)
     if shared is None:
         logps, _ = masked_completion_logps(model, input_ids, traces, c_width, heed_state=state)
@@ -275,6 +277,29 @@ def test_selective_policy_shares_the_prompt_with_each_completions_own_f(selectiv
     later = real.clone()
     later[first] = False
     assert parity_gap(leaked, ref_logps, real & ~later) <= 1e-5
+
+
+def test_straight_through_eviction_shares_the_prompt_and_changes_only_the_gradients(selective_model, batch):
+    """``eviction_gradient="straight_through"`` in the shared rows, as GRPO's update runs it: the log-probs
+    and L_mem of the evicted forward, each completion's gradients those of its own row under the same
+    setting, and gradients that differ from the evicted forward's (the evicted keys now get some)."""
+    input_ids, traces, c_width = batch
+    shared = share_prompts(input_ids, traces, c_width, "heed_selective")
+    real = real_tokens(traces, c_width)
+    hard_logps, hard_memory, hard_grads = selective_run(selective_model, input_ids, traces, c_width, shared)
+    ref_logps, _, ref_grads = selective_run(
+        selective_model, input_ids, traces, c_width, eviction_gradient="straight_through"
+    )
+    logps, memory, grads = selective_run(
+        selective_model, input_ids, traces, c_width, shared, eviction_gradient="straight_through"
+    )
+    assert parity_gap(logps, hard_logps, real) <= 1e-5 and parity_gap(ref_logps, hard_logps, real) <= 1e-5
+    assert abs(memory.item() - hard_memory.item()) <= 1e-6 * abs(hard_memory.item())
+    changed = 0
+    for name, ref in ref_grads.items():
+        assert ((grads[name] - ref).norm() / ref.norm()).item() <= 1e-4, name
+        changed += ((grads[name] - hard_grads[name]).norm() / hard_grads[name].norm()).item() > 1e-3
+    assert changed >= len(ref_grads) // 2
 
 
 def test_share_prompt_is_validated_and_accepted_for_selective_attention():

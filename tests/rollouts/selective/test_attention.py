@@ -164,6 +164,36 @@ def test_a_selection_weight_scales_the_mask_and_zero_is_standard_attention():
         model(ids, heed_state=AttentionState(selection_weight=-1.0))
 
 
+def test_straight_through_eviction_keeps_the_evicted_forward_and_the_unevicted_backward():
+    """``eviction_gradient="straight_through"``: the output is the budgeted forward's, value for value, and the
+    gradient is that of the same attention without eviction (computed independently, no budgets), under a
+    loss linear in the output; without it the gradient is the evicted forward's own, which differs."""
+    torch.manual_seed(0)
+    b, h, kv_heads, n, d = 2, 4, 2, 9, 8
+    scaling, budgets = d**-0.5, (3,)  # 9 tokens through a 3-token budget: most keys evicted
+    weights = torch.randn(b, n, h, d)  # the loss sum(out * weights): its gradient does not depend on out
+
+    def run(state):
+        inputs = [torch.randn(b, h, n, d, generator=torch.Generator().manual_seed(1))]
+        inputs += [torch.randn(b, kv_heads, n, d, generator=torch.Generator().manual_seed(s)) for s in (2, 3)]
+        for x in inputs:
+            x.requires_grad_(True)
+        out, _ = selective_attention_forward(_Layer(), *inputs, None, scaling=scaling, heed_state=state)
+        (out * weights).sum().backward()
+        return out.detach(), [x.grad for x in inputs]
+
+    evicted, evicted_grads = run(AttentionState(budgets=budgets))
+    straight, straight_grads = run(AttentionState(budgets=budgets, eviction_gradient="straight_through"))
+    unevicted, unevicted_grads = run(None)
+    torch.testing.assert_close(straight, evicted)
+    assert (straight - unevicted).abs().max() > 1e-3  # the budget evicted something this forward needed
+    for ours, soft, hard in zip(straight_grads, unevicted_grads, evicted_grads):
+        torch.testing.assert_close(ours, soft)
+        assert (ours - hard).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="eviction_gradient"):
+        AttentionState(eviction_gradient="soft")
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_kv_cache_decoding_equals_the_full_forward(arch):
     model = tiny_model(arch)
