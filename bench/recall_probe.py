@@ -49,6 +49,9 @@ def main() -> None:
     ap.add_argument("--first", type=int, default=0, help="steps of adjacent single-token tables first")
     ap.add_argument("--every", type=int, default=500)
     ap.add_argument("--checkpoint", help="no training: the rates of a `heed pretrain` RUN_DIR/checkpoint.pt")
+    ap.add_argument(
+        "--selective", action="store_true", help="a Selective Attention model (selective.enabled)"
+    )
     args = ap.parse_args()
     if args.sentences and (args.adjacent or args.keys == "word"):
         ap.error(
@@ -71,6 +74,11 @@ def main() -> None:
         num_key_value_heads=max(1, h // 64), head_dim=32, intermediate_size=4 * h,
     )  # fmt: skip
     model = build_tiny_model(tok, shape)
+    if args.selective:  # as `heed pretrain` switches the model it builds
+        from rollouts.selective.attention import SELECTIVE, register_selective_attention
+
+        register_selective_attention()
+        model.set_attn_implementation(SELECTIVE)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sep = tok.convert_tokens_to_ids("<|endoftext|>")
     words = sorted({t[1:] for t in tok.get_vocab() if t.startswith("Ġ") and t[1:].isalpha() and len(t) > 3})

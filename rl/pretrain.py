@@ -10,7 +10,9 @@ steps, held-out loss every ``eval_every``) and the checkpoint to resume from.
 
 With ``selective.enabled`` the base is a Selective Attention model from its first step, trained with the
 paper's memory loss L_mem beside the next-token loss (arXiv 2410.02703, eq. 2): the base the Selective
-Attention recipe (``configs/tiny-selective.yaml``) post-trains. Selective Attention cannot be switched on
+Attention recipe (``configs/tiny-selective.yaml``) post-trains. Its selection can fade in over a span of
+steps (``selective.selection_from_step``, ``selection_ramp_steps``): at full weight from the first step this
+shape never learns to copy from its context (bench/BENCHMARKS.md). Selective Attention cannot be switched on
 over a base pretrained without it: its head 0 then masks what the other heads read, and SFT learns an
 answer that reads no context (bench/BENCHMARKS.md, "A standard base under Selective Attention").
 
@@ -113,10 +115,16 @@ class SelectivePretrain:
     enabled: bool = False
     memory_eps: float = DEFAULT_EPS  # L_mem's weight (the paper's 0.1)
     memory_tau: float = DEFAULT_TAU  # F at which a key counts as fully masked
+    # head 0's selection masks nothing before this step, then fades in linearly over selection_ramp_steps
+    # (rl.selective.losses.selection_weight); 0 and 0: the paper's, at full weight from the first step
+    selection_from_step: int = 0
+    selection_ramp_steps: int = 0
 
     def __post_init__(self):
         check(self.memory_eps >= 0, "selective.memory_eps", f"must be >= 0, got {self.memory_eps}")
         check(self.memory_tau > 0, "selective.memory_tau", f"must be > 0, got {self.memory_tau}")
+        for name in ("selection_from_step", "selection_ramp_steps"):
+            check(getattr(self, name) >= 0, f"selective.{name}", f"must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(kw_only=True)
@@ -160,6 +168,13 @@ class PretrainConfig:
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.learning_rate > 0, "learning_rate", "must be > 0")
         check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+        faded_in = self.selective.selection_from_step + self.selective.selection_ramp_steps
+        check(
+            faded_in <= self.max_steps,
+            "selective.selection_from_step",
+            f"the selection must be whole by max_steps ({self.max_steps}): selection_from_step + "
+            f"selection_ramp_steps is {faded_in}",
+        )
 
 
 def load_pretrain_config(path: str | Path, overrides=()) -> PretrainConfig:
@@ -291,11 +306,13 @@ class Pretraining:
         selective = self.config.selective
         if not selective.enabled:
             return self.model(input_ids=ids, labels=ids).loss
-        from rl.selective.losses import forward_with_memory_loss
+        from rl.selective.losses import forward_with_memory_loss, selection_weight
 
+        weight = selection_weight(self.step, selective.selection_from_step, selective.selection_ramp_steps)
         outputs, l_mem = forward_with_memory_loss(
-            self.model, ids, labels=ids, eps=selective.memory_eps, tau=selective.memory_tau
-        )
+            self.model, ids, labels=ids, eps=selective.memory_eps, tau=selective.memory_tau,
+            selection_weight=weight,
+        )  # fmt: skip
         return outputs.loss + l_mem
 
     def batches(self, step: int) -> list[torch.Tensor]:

@@ -34,7 +34,7 @@ from data.prompts import gold_completion, layout_example
 from rl.console import console, interactive, quiet_trainer
 from rl.copy_rows import IGNORE_INDEX, ValueCopyRows, with_copy_rows
 from rl.logprobs import pack
-from rl.selective.losses import forward_with_memory_loss
+from rl.selective.losses import forward_with_memory_loss, selection_weight
 from rollouts.masks import trace_completion
 from rollouts.protocol import (
     DEFAULT_LAYOUT,
@@ -279,26 +279,6 @@ def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int) -> 
         rest += group[whole:]
     rng.shuffle(batches)
     return [i for batch in batches for i in batch] + rest
-
-
-def selection_weight(step: int, from_step: int, ramp_steps: int) -> float:
-    """How much head 0's selection masks at SFT step ``step`` (:class:`AttentionState`'s
-    ``selection_weight``): nothing before ``from_step``, then rising linearly to all of it over
-    ``ramp_steps``.
-
-    A model pretrained without Selective Attention has a head 0 that attends to what the other heads need,
-    and under Selective Attention that is what it masks: from SFT's first step, SFT then finds an answer
-    that reads nothing. Faded in later, the policy learned to copy under the full selection in two of three
-    runs (bench/BENCHMARKS.md, "A standard base under Selective Attention").
-
-    >>> [selection_weight(s, from_step=250, ramp_steps=100) for s in (0, 250, 300, 350, 400)]
-    [0.0, 0.0, 0.5, 1.0, 1.0]
-    >>> selection_weight(0, from_step=0, ramp_steps=0)
-    1.0
-    """
-    if step < from_step:
-        return 0.0
-    return min(1.0, (step - from_step) / ramp_steps) if ramp_steps else 1.0
 
 
 class MemoryLossTrainer(Trainer):

@@ -315,7 +315,7 @@ class SelectiveSection(Section):
     # attention without eviction, so a token evicted but needed has its F lowered and is held next time
     eviction_gradient: str = "none"
     # For a model pretrained without Selective Attention (model.path): head 0's selection masks nothing
-    # before this SFT step, then fades in linearly over selection_ramp_steps (rl.sft.selection_weight): at
+    # before this SFT step, then fades in linearly over selection_ramp_steps (rl.selective.losses.selection_weight): at
     # once from the first step, such a base's head 0 masks what its other heads read, and SFT learns an
     # answer that reads no context. Must end within sft.max_steps; after SFT it masks fully.
     selection_from_step: int = 0

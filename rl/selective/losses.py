@@ -17,6 +17,7 @@ flag) is :mod:`rollouts.selective.attention`, shared with the rollout side; the 
   objective of the budget search (:mod:`rl.selective.budgets`) on plain text.
 - :func:`completion_loss_under_budgets` -- the same for a Declarative Attention policy: the loss of gold
   completions under their DA mask (the SFT objective), the objective of ``heed budgets``.
+- :func:`selection_weight` -- the fade-in of head 0's selection over training steps (SFT and pretraining).
 """
 
 from __future__ import annotations
@@ -28,6 +29,27 @@ import torch
 from rollouts.selective.attention import AttentionState
 from rollouts.selective.eviction import check_budgets
 from rollouts.selective.mask import DEFAULT_EPS, DEFAULT_TAU, memory_penalty
+
+
+def selection_weight(step: int, from_step: int, ramp_steps: int) -> float:
+    """How much head 0's selection masks at training step ``step`` (:class:`AttentionState`'s
+    ``selection_weight``): nothing before ``from_step``, then rising linearly to all of it over
+    ``ramp_steps``.
+
+    Switched on at full weight, head 0 masks what the other heads need: over a base pretrained without
+    Selective Attention it masks what its attention reads, and in a model built with it, Qwen3's QK-norm
+    makes head 0's logits O(1) from initialisation, so each key collects an ``F`` of about 0.4 per later
+    token and the context is masked before the model has learned to read it. Faded in, the model learns
+    to read first (``selective.selection_from_step`` in `heed train`'s SFT and in `heed pretrain`).
+
+    >>> [selection_weight(s, from_step=250, ramp_steps=100) for s in (0, 250, 300, 350, 400)]
+    [0.0, 0.0, 0.5, 1.0, 1.0]
+    >>> selection_weight(0, from_step=0, ramp_steps=0)
+    1.0
+    """
+    if step < from_step:
+        return 0.0
+    return min(1.0, (step - from_step) / ramp_steps) if ramp_steps else 1.0
 
 
 def _require_selective(model) -> None:

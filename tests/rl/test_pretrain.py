@@ -2,6 +2,7 @@
 uninterrupted one, the base folder holds bf16 weights whose checksum its card records, the config names
 a bad key, and a Selective Attention base trains with L_mem from its first step."""
 
+import copy
 import json
 import re
 
@@ -97,6 +98,10 @@ def test_a_bad_key_is_named():
         load_pretrain_config("configs/base/tiny-base.yaml", ["max_step=3"])
     with pytest.raises(ConfigError, match="batch_size"):
         load_pretrain_config("configs/base/tiny-base.yaml", ["batch_size=0"])
+    with pytest.raises(ConfigError, match=r"selective\.selection_from_step: the selection must be whole by "):
+        load_pretrain_config("configs/base/tiny-base-selective.yaml", ["selective.selection_ramp_steps=9001"])
+    with pytest.raises(ConfigError, match=r"selective\.selection_ramp_steps: must be >= 0"):
+        load_pretrain_config("configs/base/tiny-base-selective.yaml", ["selective.selection_ramp_steps=-1"])
 
 
 def test_the_first_steps_train_on_recall_tables_in_their_own_rows_then_the_corpus(tmp_path):
@@ -246,6 +251,27 @@ def test_a_selective_attention_base_is_one_from_its_first_step_and_l_mem_makes_i
         runs[eps] = (start, peak_memory_share(run), run)
     assert runs[0.0][0] == runs[1.0][0]  # one initialisation
     assert runs[1.0][1] < runs[0.0][1] - 0.05, runs  # L_mem lowered the memory the base keeps
+
+    # faded in: before selection_from_step the step's loss is the same weights' standard-attention loss, and
+    # L_mem is eps (1 here) times the whole context, which nothing masks; halfway up the ramp it is neither
+    # that nor the full selection's
+    faded = Pretraining(
+        config(tmp_path, "faded", *steps, "selective.enabled=true", "selective.memory_eps=1.0",
+               "selective.selection_from_step=10", "selective.selection_ramp_steps=10")
+    )  # fmt: skip
+    faded.setup(resume=False)
+    standard = copy.deepcopy(faded.model)
+    standard.config.selective_attention = False
+    standard.set_attn_implementation("sdpa")
+    batch = faded.batches(0)[0]
+    losses = {}
+    with torch.no_grad():
+        plain = float(standard(input_ids=batch, labels=batch).loss)
+        for step in (9, 15, 20):  # before the ramp, halfway, after it
+            faded.step = step
+            losses[step] = float(faded.loss(batch))
+    assert losses[9] == pytest.approx(plain + 1.0, abs=1e-5)
+    assert min(abs(losses[15] - losses[9]), abs(losses[15] - losses[20])) > 1e-3, (plain, losses)
 
     run = runs[1.0][2]
     run.save()
