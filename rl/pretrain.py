@@ -11,8 +11,9 @@ steps, held-out loss every ``eval_every``) and the checkpoint to resume from.
 With ``selective.enabled`` the base is a Selective Attention model from its first step, trained with the
 paper's memory loss L_mem beside the next-token loss (arXiv 2410.02703, eq. 2): the base the Selective
 Attention recipe (``configs/tiny-selective.yaml``) post-trains. Its selection can fade in over a span of
-steps (``selective.selection_from_step``, ``selection_ramp_steps``): at full weight from the first step this
-shape never learns to copy from its context (bench/BENCHMARKS.md). Selective Attention cannot be switched on
+steps (``selective.selection_from_step``, ``selection_ramp_steps``): at full weight from the first step,
+head 0 masks the context before the model has learned to read it, and this shape learns to copy slowly or
+not at all (``rl.selective.losses.selection_weight``; bench/BENCHMARKS.md). Selective Attention cannot be switched on
 over a base pretrained without it: its head 0 then masks what the other heads read, and SFT learns an
 answer that reads no context (bench/BENCHMARKS.md, "A standard base under Selective Attention").
 

@@ -194,6 +194,26 @@ def test_straight_through_eviction_keeps_the_evicted_forward_and_the_unevicted_b
         AttentionState(eviction_gradient="soft")
 
 
+def test_qk_norm_makes_the_mask_at_initialisation_large_at_any_init_scale():
+    """Why a Selective Attention Qwen3 fades its selection in (``rl.selective.losses.selection_weight``):
+    QK-norm normalises head 0's query and key before their dot product, so its logits are O(1) however small
+    the initial weights, ``relu`` keeps about 0.4 of each, and a key's running mask grows with every later
+    token. Over 128 tokens the median key is masked by more than 10 at the default init scale and at a
+    tenth of it alike (Llama, without QK-norm, by almost nothing at the smaller scale)."""
+    ids = torch.randint(1, VOCAB, (4, 128), generator=torch.Generator().manual_seed(0))
+
+    def median_mask(arch, scale):
+        model = tiny_model(arch, initializer_range=scale, num_hidden_layers=1, max_position_embeddings=256)
+        state = AttentionState()
+        with torch.no_grad():
+            model(ids, heed_state=state)
+        return state.accumulators[0].total.median().item()  # [b, kv]: the next token's F row
+
+    qwen3 = [median_mask("qwen3", scale) for scale in (0.02, 0.002)]
+    assert min(qwen3) > 10 and abs(qwen3[0] - qwen3[1]) < 0.1 * qwen3[0], qwen3
+    assert median_mask("llama", 0.002) < 0.1
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_kv_cache_decoding_equals_the_full_forward(arch):
     model = tiny_model(arch)
