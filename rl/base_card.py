@@ -61,13 +61,20 @@ def write_card(path, results: dict) -> None:
         for key, v in results["answering"].items()
     )
     selective = cfg.get("selective") or {}
+    start, ramp = selective.get("selection_from_step", 0), selective.get("selection_ramp_steps", 0)
+    since = (
+        f"with its selection faded in over steps {start:,}-{start + ramp:,}"
+        if start or ramp
+        else "from its first step"
+    )
     selective_line = (
-        "\n\nA Selective Attention model from its first step (head 0's logits mask context for every head, no new "
+        f"\n\nA Selective Attention model {since} (head 0's logits mask context for every head, no new "
         f"parameters), trained with L_mem at eps {selective['memory_eps']}, tau {selective['memory_tau']} (arXiv "
         "2410.02703): it loads as one once `rollouts.selective.attention.register_selective_attention()` has run."
         if selective.get("enabled")
         else ""
     )
+    command = results.get("command", "heed pretrain --config configs/base/tiny-base.yaml")
     path.write_text(f"""# {results["name"]}
 
 Heed's own base model: a {results["parameters"] / 1e6:.2f}M-parameter Qwen3 (hidden {model["hidden_size"]},
@@ -77,7 +84,7 @@ Heed's own base model: a {results["parameters"] / 1e6:.2f}M-parameter Qwen3 (hid
 and questions with their answers in three layouts. No DA tags: it is a plain language model of that world, to
 be post-trained as a user post-trains Qwen3 (the tags become new tokens, rl/added_tokens.py).{selective_line}
 
-Made by `heed pretrain --config configs/base/tiny-base.yaml` (seed {cfg["seed"]}), bf16 weights.
+Made by `{command}` (seed {cfg["seed"]}), bf16 weights.
 
 - steps {results["steps"]}, batch {cfg["batch_size"]} x {cfg["seq_len"]} tokens: **{results["tokens_seen"]:,} tokens seen**
 - training time {results["train_seconds"]} s

@@ -213,7 +213,11 @@ def _pretrain(args: argparse.Namespace) -> int:
 
     try:
         config = load_pretrain_config(args.config, args.overrides)
-        pretrain(config, resume=args.resume)
+        where = ("run_dir=", "out=")  # where a run writes is not its recipe
+        recipe = [o for o in args.overrides if not o.startswith(where)]
+        pretrain(
+            config, resume=args.resume, command=" ".join(["heed pretrain --config", args.config, *recipe])
+        )
     except (ConfigError, FileExistsError, FileNotFoundError) as err:
         print(f"heed: error: {err}", file=sys.stderr)
         return 2

@@ -358,8 +358,9 @@ class Pretraining:
         torch.save(state, tmp)
         tmp.replace(self.run_dir / CHECKPOINT)  # a run stopped mid-write keeps the previous checkpoint
 
-    def save(self) -> dict:
-        """Write the base folder (bf16 weights, tokenizer, card) and return the card's figures."""
+    def save(self, command: str = "heed pretrain --config configs/base/tiny-base.yaml") -> dict:
+        """Write the base folder (bf16 weights, tokenizer, card) and return the card's figures; ``command``:
+        how the run was started, for the card."""
         from rl.base_card import answering, write_card
 
         cfg = self.config
@@ -378,6 +379,7 @@ class Pretraining:
             "answering": answering(rounded, self.tokenizer, self.corpus, cfg.card_examples, cfg.seed + 2),
             "sha256": sha256(out / "model.safetensors"),
             "config": asdict(cfg),
+            "command": command,
         }
         (out / CARD_RESULTS).write_text(json.dumps(results, indent=1) + "\n")
         write_card(out / CARD, results)
@@ -406,13 +408,14 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def pretrain(config: PretrainConfig, resume: bool = False) -> dict:
-    """Run the recipe and write the base; returns the card's figures."""
+def pretrain(config: PretrainConfig, resume: bool = False, command: str | None = None) -> dict:
+    """Run the recipe and write the base; returns the card's figures. ``command``: the command line that
+    started it, which the card records (default: the standard base's)."""
     run = Pretraining(config)
     run.setup(resume)
     run.train()
     console.print("[bold]pretrain[/] writing the base and measuring what it answers")
-    results = run.save()
+    results = run.save(**({"command": command} if command else {}))
     console.print(
         f"[bold]pretrain[/] done: held-out loss {results['heldout_loss']:.4f}, "
         + ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in results["answering"].items())

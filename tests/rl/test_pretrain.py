@@ -272,6 +272,10 @@ def test_a_selective_attention_base_is_one_from_its_first_step_and_l_mem_makes_i
             losses[step] = float(faded.loss(batch))
     assert losses[9] == pytest.approx(plain + 1.0, abs=1e-5)
     assert min(abs(losses[15] - losses[9]), abs(losses[15] - losses[20])) > 1e-3, (plain, losses)
+    faded.save(command="heed pretrain --config faded.yaml")  # the card names the command and the fade-in
+    card = (tmp_path / "faded" / "base" / CARD).read_text()
+    assert "Made by `heed pretrain --config faded.yaml`" in card
+    assert "A Selective Attention model with its selection faded in over steps 10-20" in card
 
     run = runs[1.0][2]
     run.save()
