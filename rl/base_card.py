@@ -74,7 +74,6 @@ def write_card(path, results: dict) -> None:
         if selective.get("enabled")
         else ""
     )
-    command = results.get("command", "heed pretrain --config configs/base/tiny-base.yaml")
     path.write_text(f"""# {results["name"]}
 
 Heed's own base model: a {results["parameters"] / 1e6:.2f}M-parameter Qwen3 (hidden {model["hidden_size"]},
@@ -84,7 +83,7 @@ Heed's own base model: a {results["parameters"] / 1e6:.2f}M-parameter Qwen3 (hid
 and questions with their answers in three layouts. No DA tags: it is a plain language model of that world, to
 be post-trained as a user post-trains Qwen3 (the tags become new tokens, rl/added_tokens.py).{selective_line}
 
-Made by `{command}` (seed {cfg["seed"]}), bf16 weights.
+Made by `{results["command"]}` (seed {cfg["seed"]}), bf16 weights.
 
 - steps {results["steps"]}, batch {cfg["batch_size"]} x {cfg["seq_len"]} tokens: **{results["tokens_seen"]:,} tokens seen**
 - training time {results["train_seconds"]} s
