@@ -3,25 +3,35 @@ needle in a long context can teach it anything, measured on the purest data for 
 
     .venv/bin/python -m bench.recall_probe [--keys magic|near|word] [--adjacent | --sentences] [--first N] [--steps 3500]
     .venv/bin/python -m bench.recall_probe --checkpoint runs/pretrain/checkpoint.pt   # a pretraining run's rates
+    .venv/bin/python -m bench.recall_probe --chunks --keys near --sentences --init models/heed-tiny-base \
+        --lr 3e-4 --save /tmp/base_chunks                                       # key-to-chunk, from the base
 
-It trains a randomly initialised Qwen3-architecture model of the tiny default's shape (``rl.model``, the
-shipped tokenizer) on terse lookup tables only: 2-4 facts ``" silver-owl: 63."`` (``--keys magic``: the
-tasks' hyphenated keys, three to five tokens each; ``--keys near``: the same, every key after the first
-sharing its adjective or noun, ``silver-owl`` beside ``silver-fox``, as multikey's look-alike needles do;
-``--keys word``: single-token words), then the same keys
-asked again in any order (``--adjacent``: ``" silver-owl 63."``, the value
-right after its key, as an induction head matches; ``--sentences``: each fact the tasks' needle,
-``" One of the special magic numbers for silver-owl is: 63."``, asked as ``" silver-owl is: 63."``, words
-between the key and its value as a ``keyed`` focus reads it; ``--first N``: adjacent single-token tables for the first N
-steps whatever the other flags say, a curriculum), ``--batch`` rows of 128 tokens a step, AdamW at ``--lr`` after 100 warm-up
-steps. Every ``--every`` steps it prints, over 60 fixed held-out tables of 2-4 and of 5-8 keys, two
-teacher-forced rates at the answer token:
+It trains a Qwen3-architecture model of the tiny default's shape (``rl.model``, the shipped tokenizer) on
+terse lookup tables only: 2-4 facts ``" silver-owl: 63."`` (``--keys magic``: the tasks' hyphenated keys,
+three to five tokens each; ``--keys near``: the same, every key after the first sharing its adjective or
+noun, ``silver-owl`` beside ``silver-fox``, as multikey's look-alike needles do; ``--keys word``:
+single-token words), then the same keys asked again in any order. Variants:
 
-- ``acc``: the argmax is the asked key's value (recall);
-- ``copy``: the argmax is one of the table's values (any of them).
+- ``--adjacent``: ``" silver-owl 63."``, the value right after its key, as an induction head matches;
+- ``--sentences``: each fact the tasks' needle, ``" One of the special magic numbers for silver-owl is:
+  63."``, asked as ``" silver-owl is: 63."``, words between the key and its value as a ``keyed`` focus
+  reads it;
+- ``--chunks``: each fact under a chunk header, ``"Magic Chunk 7: silver-owl: 63."``, and what is asked is
+  the key's chunk, ``" silver-owl is in Magic Chunk 7."``: the binding a focus tag needs to name the one
+  chunk that holds the asked key among look-alikes (the number sits before the key, not after it);
+- ``--first N``: adjacent single-token tables for the first N steps whatever the other flags say, a
+  curriculum.
+
+``--batch`` rows of 128 tokens a step, AdamW at ``--lr`` after 100 warm-up steps, from random weights or,
+with ``--init``, a base folder's (``--save`` writes the result as a copy of that folder, which ``heed train
+model.path=`` loads). Every ``--every`` steps it prints, over 60 fixed held-out tables of 2-4 and of 5-8
+keys, two teacher-forced rates at the answer token:
+
+- ``acc``: the argmax is the asked key's value (recall; with ``--chunks`` its chunk's number);
+- ``copy``: the argmax is one of the table's values (any of them; with ``--chunks`` its chunk numbers).
 
 With ``--keys near`` ``acc`` is also split by the word the asked key shares with another key of its table
-(``adjective twin``, ``noun twin``, ``both``: bench/look_alikes.py), the noun twin being the harder one.
+(``adjective twin``, ``noun twin``, ``both``: bench/look_alikes.py); for values the noun twin is the harder one.
 
 ``copy`` near 1 with ``acc`` near ``1 / keys`` (0.36 for 2-4 keys, 0.15 for 5-8) is a model that has learned
 to copy a value but not to bind it to its key; recall is ``acc`` near ``copy``. What is left out: the
@@ -34,6 +44,7 @@ import argparse
 import random
 import re
 import time
+from pathlib import Path
 
 
 def main() -> None:
@@ -48,6 +59,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3500)
     ap.add_argument("--first", type=int, default=0, help="steps of adjacent single-token tables first")
     ap.add_argument("--every", type=int, default=500)
+    ap.add_argument(
+        "--chunks", action="store_true",
+        help="ask each key's chunk, not its value: facts under `Magic Chunk N:` headers (magic keys only)",
+    )  # fmt: skip
+    ap.add_argument("--init", help="train on from a base folder's weights and shape, not from random weights")
+    ap.add_argument("--save", help="with --init: write the trained model as a copy of that base folder here")
     ap.add_argument("--checkpoint", help="no training: the rates of a `heed pretrain` RUN_DIR/checkpoint.pt")
     ap.add_argument(
         "--selective", action="store_true", help="a Selective Attention model (selective.enabled)"
@@ -56,6 +73,14 @@ def main() -> None:
     if args.sentences and (args.adjacent or args.keys == "word"):
         ap.error(
             "--sentences writes the tasks' needles: use it with --keys magic or near, without --adjacent"
+        )
+    if args.save and not args.init:
+        ap.error("--save writes a copy of the --init base folder: give --init")
+    if args.save and Path(args.save).exists():  # checked now, not after the training
+        ap.error(f"--save {args.save} exists: name a new folder")
+    if args.chunks and (args.adjacent or args.keys == "word" or args.first):
+        ap.error(
+            "--chunks asks for the tasks' keys: use it with --keys magic or near, without --adjacent or --first"
         )
 
     import torch
@@ -73,7 +98,12 @@ def main() -> None:
         hidden_size=h, num_hidden_layers=args.layers, num_attention_heads=h // 32,
         num_key_value_heads=max(1, h // 64), head_dim=32, intermediate_size=4 * h,
     )  # fmt: skip
-    model = build_tiny_model(tok, shape)
+    if args.init:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+    else:
+        model = build_tiny_model(tok, shape)
     if args.selective:  # as `heed pretrain` switches the model it builds
         from rollouts.selective.attention import SELECTIVE, register_selective_attention
 
@@ -91,6 +121,14 @@ def main() -> None:
         else:  # "near": every key after the first shares a word with it, as multikey's look-alikes do
             keys = magic_keys(rng, n, near=n - 1 if args.keys == "near" else 0)
         value = dict(zip(keys, map(str, rng.sample(range(10, 100), n)), strict=True))
+        if args.chunks:  # the "value" asked is the number of the chunk whose header the fact sits under
+            chunk = dict(zip(keys, map(str, rng.sample(range(1, 13), n)), strict=True))
+            fact = {
+                k: needle(rng, "ruler", k, value[k]) if args.sentences else f"{k}: {value[k]}." for k in keys
+            }
+            facts = "".join(f"Magic Chunk {chunk[k]}: {fact[k]}\n" for k in keys)
+            asked = "\n".join(f" {k} is in Magic Chunk {chunk[k]}." for k in rng.choices(keys, k=n))
+            return f"{facts}\n{asked}\n", chunk
         if args.sentences and not easy:
             fact = {k: needle(rng, "ruler", k, value[k]) for k in keys}
             asked = "\n".join(f" {restated(fact[k], k, value[k])}." for k in rng.choices(keys, k=n))
@@ -146,6 +184,10 @@ def main() -> None:
     print(
         f"recall probe: {args.keys} keys{', adjacent' if args.adjacent else ''}, {params / 1e6:.2f}M parameters, {args.batch} x 128 tokens a step"
     )
+    if args.init:
+        model.eval()
+        print(f"step     0 (the base) | 2-4 keys: {rates(2, 4)} | 5-8 keys: {rates(5, 8)}", flush=True)
+        model.train()
     rng, started = random.Random(0), time.perf_counter()
     for step in range(1, args.steps + 1):
         for group in opt.param_groups:
@@ -164,6 +206,11 @@ def main() -> None:
                 flush=True,
             )
             model.train()
+    if args.save:  # a base folder `heed train model.path=` loads: the --init folder, these weights
+        import shutil
+
+        shutil.copytree(args.init, args.save)
+        model.save_pretrained(args.save)
 
 
 if __name__ == "__main__":

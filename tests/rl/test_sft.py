@@ -138,10 +138,10 @@ def test_bf16_sft_trains_as_float32_does(tokenizer, tmp_path):
         assert not torch.equal(losses[True], losses[False])
 
 
-def test_selective_model_sft_adds_the_memory_loss(tokenizer, selective_attention):
+def test_selective_model_sft_adds_the_memory_loss(tokenizer, selective_attention, tmp_path):
     """A Selective Attention model's SFT loss is the DA-masked LM loss plus L_mem over the real tokens."""
     from rl.selective.losses import forward_with_memory_loss
-    from rl.sft import MemoryLossTrainer
+    from rl.sft import MemoryLossTrainer, training_arguments
     from rollouts.selective.attention import SELECTIVE
 
     rows = [encode_sft_row(r, tokenizer) for r in acme_rows(2)]
@@ -154,8 +154,8 @@ def test_selective_model_sft_adds_the_memory_loss(tokenizer, selective_attention
     model = build_tiny_model(tokenizer, small_model_config())
     model.config.selective_attention = True
     model.set_attn_implementation(SELECTIVE)
-    config = SFTConfig(memory_eps=0.3, memory_tau=0.5)
-    trainer = MemoryLossTrainer(model=model, memory=config)
+    config = SFTConfig(memory_eps=0.3, memory_tau=0.5, output_dir=str(tmp_path))
+    trainer = MemoryLossTrainer(model=model, args=training_arguments(config), memory=config)
     with torch.no_grad():
         loss = trainer.compute_loss(model, dict(batch))
         inputs = {k: v for k, v in batch.items() if k != "padding_mask"}
@@ -168,15 +168,16 @@ def test_selective_model_sft_adds_the_memory_loss(tokenizer, selective_attention
 
 
 def test_a_faded_in_selection_masks_nothing_before_its_step_and_all_from_its_end(
-    tokenizer, selective_attention
+    tokenizer, selective_attention, tmp_path
 ):
     """``selection_from_step`` / ``selection_ramp_steps``: before the step a Selective Attention model's SFT
     loss is the same weights' loss under SDPA (transformers' own attention: an independent path), at the
     end of the ramp the paper's, and half-way up neither."""
-    from rl.sft import MemoryLossTrainer
+    from rl.sft import MemoryLossTrainer, training_arguments
     from rollouts.selective.attention import SELECTIVE
 
     rows = [encode_sft_row(r, tokenizer) for r in acme_rows(2)]
+    args = training_arguments(SFTConfig(output_dir=str(tmp_path)))  # not Trainer's default ./tmp_trainer
     standard = build_tiny_model(tokenizer, small_model_config())
     with torch.no_grad():
         plain = standard(**DACollator(tokenizer, "sdpa")(rows)).loss.item()
@@ -184,9 +185,11 @@ def test_a_faded_in_selection_masks_nothing_before_its_step_and_all_from_its_end
     model.config.selective_attention = True
     model.set_attn_implementation(SELECTIVE)
     batch = DACollator(tokenizer, SELECTIVE, padding_mask=True)(rows)
-    paper = MemoryLossTrainer(model=model, memory=SFTConfig(memory_eps=0.0))
+    paper = MemoryLossTrainer(model=model, args=args, memory=SFTConfig(memory_eps=0.0))
     faded = MemoryLossTrainer(
-        model=model, memory=SFTConfig(memory_eps=0.0, selection_from_step=4, selection_ramp_steps=4)
+        model=model,
+        args=args,
+        memory=SFTConfig(memory_eps=0.0, selection_from_step=4, selection_ramp_steps=4),
     )
     losses = {}
     with torch.no_grad():
