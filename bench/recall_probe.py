@@ -74,6 +74,8 @@ def main() -> None:
         ap.error(
             "--sentences writes the tasks' needles: use it with --keys magic or near, without --adjacent"
         )
+    if args.init and (args.hidden, args.layers) != (ap.get_default("hidden"), ap.get_default("layers")):
+        ap.error("--init trains the base folder's shape: drop --hidden and --layers")
     if args.save and not args.init:
         ap.error("--save writes a copy of the --init base folder: give --init")
     if args.save and Path(args.save).exists():  # checked now, not after the training

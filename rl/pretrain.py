@@ -39,6 +39,7 @@ from rl.console import console
 from rl.model import TinyModelConfig
 from rollouts.selective.constants import DEFAULT_EPS, DEFAULT_TAU, SELECTIVE
 
+STANDARD_COMMAND = "heed pretrain --config configs/base/tiny-base.yaml"  # what a base card names by default
 CHECKPOINT = "checkpoint.pt"
 CURVE = "loss_curve.jsonl"
 CARD = "README.md"
@@ -358,7 +359,7 @@ class Pretraining:
         torch.save(state, tmp)
         tmp.replace(self.run_dir / CHECKPOINT)  # a run stopped mid-write keeps the previous checkpoint
 
-    def save(self, command: str = "heed pretrain --config configs/base/tiny-base.yaml") -> dict:
+    def save(self, command: str = STANDARD_COMMAND) -> dict:
         """Write the base folder (bf16 weights, tokenizer, card) and return the card's figures; ``command``:
         how the run was started, for the card."""
         from rl.base_card import answering, write_card
@@ -408,14 +409,14 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def pretrain(config: PretrainConfig, resume: bool = False, command: str | None = None) -> dict:
+def pretrain(config: PretrainConfig, resume: bool = False, command: str = STANDARD_COMMAND) -> dict:
     """Run the recipe and write the base; returns the card's figures. ``command``: the command line that
-    started it, which the card records (default: the standard base's)."""
+    started it, which the card records."""
     run = Pretraining(config)
     run.setup(resume)
     run.train()
     console.print("[bold]pretrain[/] writing the base and measuring what it answers")
-    results = run.save(**({"command": command} if command else {}))
+    results = run.save(command)
     console.print(
         f"[bold]pretrain[/] done: held-out loss {results['heldout_loss']:.4f}, "
         + ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in results["answering"].items())
