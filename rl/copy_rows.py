@@ -116,18 +116,19 @@ def copy_accuracy(model, rows: ValueCopyRows, n: int = 64) -> float:
     return (predicted[scored] == labels[:, 1:][scored]).float().mean().item()
 
 
-def value_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def value_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, **forward_kwargs) -> torch.Tensor:
     """The mean cross-entropy of the labelled tokens of copy rows, the loss ``model(input_ids, labels=labels)``
     computes, with logits for the rows that predict a label only: a copy row labels one token per segment,
     so the full ``[B, T, vocab]`` projection would be spent on ``T / segment`` useful rows. Every row of the
-    batch must label the same positions (:class:`ValueCopyRows` rows do).
+    batch must label the same positions (:class:`ValueCopyRows` rows do). ``forward_kwargs`` go to the
+    model (a Selective Attention model's ``heed_state``).
     """
     labelled = labels != IGNORE_INDEX  # [B, T]
     if not bool((labelled == labelled[0]).all()) or bool(labelled[:, 0].any()):
         raise ValueError("value_loss: every row must label the same positions, none at position 0")
     targets = labelled[0].nonzero().squeeze(1)  # [K] positions of the labels
     logits = model(
-        input_ids=input_ids, logits_to_keep=targets - 1
+        input_ids=input_ids, logits_to_keep=targets - 1, **forward_kwargs
     ).logits  # [B, K, vocab]: rows t - 1 predict t
     return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels[:, targets].flatten())
 
@@ -137,7 +138,9 @@ def with_copy_rows(trainer_cls: type[Trainer]) -> type[Trainer]:
     ``copy_per_step`` :class:`ValueCopyRows` rows (the next ones each step; logged as ``copy_loss``):
     copy rows kept in the SFT mix, so copying is taught densely while the protocol is learned.
     ``copy_until_loss``: the rows stop once a logged ``copy_loss`` (their mean since the last log) is
-    below it: copying has formed, and the gold traces' own values keep it (None: to the last step)."""
+    below it: copying has formed, and the gold traces' own values keep it (None: to the last step).
+    The rows' forward takes the trainer's ``step_forward_kwargs()`` where it has one (a Selective
+    Attention fade-in's weight: the rows train the model the traces train at this step)."""
 
     class CopyMixTrainer(trainer_cls):
         def __init__(
@@ -158,12 +161,16 @@ def with_copy_rows(trainer_cls: type[Trainer]) -> type[Trainer]:
             first = ((step - self.copy_from_step) * self.copy_per_step) % len(self.copy_rows)
             rows = [self.copy_rows[(first + i) % len(self.copy_rows)] for i in range(self.copy_per_step)]
             batch = {k: torch.stack([r[k] for r in rows]).to(model.device) for k in ("input_ids", "labels")}
-            copy_loss = value_loss(model, **batch)
+            copy_loss = value_loss(model, **batch, **self.step_forward_kwargs())
             self._copy_losses.append(float(copy_loss.detach()))
             if return_outputs:
                 loss, outputs = out
                 return loss + copy_loss, outputs
             return out + copy_loss
+
+        def step_forward_kwargs(self) -> dict:
+            parent = getattr(super(), "step_forward_kwargs", None)
+            return parent() if parent is not None else {}
 
         def log(self, logs: dict[str, float], *args, **kwargs) -> None:
             if self._copy_losses and "loss" in logs:

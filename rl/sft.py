@@ -44,6 +44,7 @@ from rollouts.protocol import (
     PromptLayout,
     token_bytes_table,
 )
+from rollouts.selective.attention import AttentionState
 
 
 def encode_sft_row(example: Mapping, tokenizer, layout: LayoutSettings = DEFAULT_LAYOUT) -> dict:
@@ -295,14 +296,24 @@ class MemoryLossTrainer(Trainer):
         inputs = dict(inputs)
         padding_mask = inputs.pop("padding_mask")
         cfg = self.memory
-        weight = selection_weight(self.state.global_step, cfg.selection_from_step, cfg.selection_ramp_steps)
         outputs, l_mem = forward_with_memory_loss(
-            model, padding_mask=padding_mask, eps=cfg.memory_eps, tau=cfg.memory_tau, selection_weight=weight,
-            **inputs,
+            model, padding_mask=padding_mask, eps=cfg.memory_eps, tau=cfg.memory_tau,
+            selection_weight=self.step_selection_weight(), **inputs,
         )  # fmt: skip
         self._memory_losses.append(float(l_mem.detach()))
         loss = outputs.loss + l_mem
         return (loss, outputs) if return_outputs else loss
+
+    def step_selection_weight(self) -> float:
+        """Head 0's selection weight at this step (:func:`selection_weight`)."""
+        cfg = self.memory
+        return selection_weight(self.state.global_step, cfg.selection_from_step, cfg.selection_ramp_steps)
+
+    def step_forward_kwargs(self) -> dict:
+        """Model kwargs for this step's other training forwards (:func:`rl.copy_rows.with_copy_rows`' rows):
+        the selection at this step's weight, so a fade-in fades it in for every row the step trains on (a
+        forward without ``heed_state`` runs the full selection)."""
+        return {"heed_state": AttentionState(selection_weight=self.step_selection_weight())}
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if self._memory_losses and "loss" in logs:

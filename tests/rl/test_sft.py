@@ -203,6 +203,44 @@ def test_a_faded_in_selection_masks_nothing_before_its_step_and_all_from_its_end
     assert losses[6] not in (pytest.approx(plain, rel=2e-5), pytest.approx(full, rel=2e-5))
 
 
+def test_the_copy_rows_fade_in_with_the_traces(tokenizer, selective_attention, tmp_path):
+    """The copy rows a fade-in's step trains on run at that step's selection weight, as its traces do: at
+    weight 0 their loss is the same weights' loss under SDPA (an independent path), at weight 1 the full
+    selection's (a forward without ``heed_state``). A copy row trained under the full selection while the
+    traces are not is a model no step trains."""
+    from rl.copy_rows import ValueCopyRows, value_loss, with_copy_rows
+    from rl.sft import MemoryLossTrainer, training_arguments
+    from rollouts.selective.attention import SELECTIVE
+
+    rows = ValueCopyRows.for_tokenizer(tokenizer, size=4, seed=1)
+    batch = {k: torch.stack([rows[i][k] for i in range(4)]) for k in ("input_ids", "labels")}
+    standard = build_tiny_model(tokenizer, small_model_config())
+    model = build_tiny_model(tokenizer, small_model_config())  # the same weights (one seed)
+    model.config.selective_attention = True
+    model.set_attn_implementation(SELECTIVE)
+    trainer = with_copy_rows(MemoryLossTrainer)(
+        model=model,
+        args=training_arguments(SFTConfig(output_dir=str(tmp_path))),
+        memory=SFTConfig(memory_eps=0.0, selection_from_step=4, selection_ramp_steps=4),
+        copy_rows=rows,
+        copy_per_step=4,
+    )
+    traces = DACollator(tokenizer, SELECTIVE, padding_mask=True)(
+        [encode_sft_row(r, tokenizer) for r in acme_rows(2)]
+    )
+    with torch.no_grad():
+        plain = value_loss(standard, **batch).item()
+        full = value_loss(model, **batch).item()
+        losses = {}
+        for step in (0, 8):
+            trainer.state.global_step = step
+            trainer.compute_loss(model, dict(traces))  # the traces' loss and, logged, the copy rows'
+            losses[step] = trainer._copy_losses[-1]
+    assert full != pytest.approx(plain, rel=1e-4)  # the selection changes these rows' loss
+    assert losses[0] == pytest.approx(plain, rel=1e-6)
+    assert losses[8] == pytest.approx(full, rel=1e-6)
+
+
 def test_completion_loss_under_budgets(tokenizer, selective_attention):
     """The budget search's objective for a DA policy: with budgets the rows never reach it is the plain
     DA-masked SFT loss (an independent path: no eviction state at all); tight budgets change it."""
