@@ -17,12 +17,14 @@ from rl.pretrain import (
     CARD_RESULTS,
     CHECKPOINT,
     CURVE,
+    STANDARD_COMMAND,
     PretrainConfig,
     Pretraining,
     load_pretrain_config,
     pretrain,
     sha256,
 )
+from rollouts.selective.constants import SELECTIVE
 
 SMALL = [
     "model.hidden_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
@@ -176,11 +178,19 @@ def test_replay_trains_each_corpus_step_on_a_batch_of_tables_too(tmp_path):
     assert run.tokens == 2 * 32 + cfg.batch_size * cfg.seq_len + 2 * 32
 
 
-def test_the_shipped_base_is_what_its_card_says():
-    """models/heed-tiny-base: its weights hash to the card's checksum, were made by the committed recipe
-    (the card's config is configs/base/tiny-base.yaml's, wherever the run wrote), load in plain transformers, and give the card's
-    held-out loss on the corpus's held-out batches (recomputed here, within 2%: another CPU rounds
-    differently)."""
+@pytest.mark.parametrize(
+    "name, recipe_file",
+    [
+        ("heed-tiny-base", "configs/base/tiny-base.yaml"),
+        ("heed-tiny-base-selective", "configs/base/tiny-base-selective.yaml"),
+    ],
+)
+def test_the_shipped_base_is_what_its_card_says(name, recipe_file, selective_attention):
+    """models/heed-tiny-base and models/heed-tiny-base-selective: their weights hash to the card's checksum,
+    were made by the committed recipe (the card's config is the recipe file's, wherever the run wrote), load
+    in transformers (the Selective Attention one once transformers is taught it, as a recipe does), and give
+    the card's held-out loss on the corpus's held-out batches (recomputed here, within 2%: another CPU
+    rounds differently)."""
     from dataclasses import asdict
     from pathlib import Path
 
@@ -188,10 +198,11 @@ def test_the_shipped_base_is_what_its_card_says():
 
     from data.corpus import Corpus
 
-    base = Path("models/heed-tiny-base")
+    base = Path("models") / name
     card = json.loads((base / CARD_RESULTS).read_text())
     assert card["sha256"] == sha256(base / "model.safetensors")
-    recipe = load_pretrain_config("configs/base/tiny-base.yaml")
+    recipe = load_pretrain_config(recipe_file)
+    assert card.get("command", STANDARD_COMMAND) == f"heed pretrain --config {recipe_file}"
     # a key added after the card was written reads as its default, which adds nothing to a recipe
     made_by = from_mapping(PretrainConfig, card["config"], "")
     where = ("run_dir", "out")  # where a run writes is not its recipe
@@ -199,6 +210,7 @@ def test_the_shipped_base_is_what_its_card_says():
         k: v for k, v in asdict(recipe).items() if k not in where
     }
     model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32).eval()
+    assert (model.config._attn_implementation == SELECTIVE) == recipe.selective.enabled
     tokenizer = AutoTokenizer.from_pretrained(base)
     assert sum(p.numel() for p in model.parameters()) == card["parameters"]
     corpus = Corpus(tokenizer, recipe.corpus)
@@ -231,8 +243,6 @@ def test_a_selective_attention_base_is_one_from_its_first_step_and_l_mem_makes_i
     masking more of its context than without it. The base folder loads as a Selective Attention model, and
     its card (which decodes with it) says so."""
     from transformers import AutoModelForCausalLM
-
-    from rollouts.selective.attention import SELECTIVE
 
     steps = ["max_steps=30", "warmup_steps=5", "eval_every=30", "save_every=30", "log_every=30"]
     runs = {}

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.slow
 BUDGETS = [256, 192, 128, 192]
 FIXED = [f"selective.budgets=[{', '.join(map(str, BUDGETS))}]", "selective.search_budgets=false",
          "selective.grpo_budget_scale=1.0"]  # fmt: skip
+# the config's base and its fade-in of the selection, over these runs' two SFT steps
+FADE_IN = ["selective.selection_from_step=1", "selective.selection_ramp_steps=1"]
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +33,11 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("e2e")
     jobs = {
         "selective": train_job(
-            base / "selective", "configs/tiny-selective.yaml", *OVERRIDES, *FIXED, "sft.max_steps=2",
+            base / "selective", "configs/tiny-selective.yaml", *OVERRIDES, *FIXED, *FADE_IN, "sft.max_steps=2",
             "sft.logging_steps=1", "eval.before_training=false", "eval.after_sft=false", "eval.modes=[da]",
         ),
         "searched": train_job(
-            base / "searched", "configs/tiny-selective.yaml", *OVERRIDES, "sft.max_steps=2",
+            base / "searched", "configs/tiny-selective.yaml", *OVERRIDES, *FADE_IN, "sft.max_steps=2",
             "grpo.max_steps=1", "eval.before_training=false", "eval.modes=[da]",
             "data.build.splits={train: 16, validation: 2, test: 2}", "selective.budgets=null",
             "selective.search_budgets=true", "selective.search_examples=2", "selective.search_step=300",
