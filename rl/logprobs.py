@@ -248,8 +248,19 @@ class SharedBatch:
     branch: torch.Tensor  # [B] int64: completion b's j in its row
 
     def completion_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """The packed rows' kept logits ``[R, logits_to_keep, V]`` back in TRL's layout, ``[B, C, V]``."""
-        return logits[self.row[:, None], self.logit_index]
+        """The packed rows' kept logits ``[R, logits_to_keep, V]`` back in TRL's layout, ``[B, C, V]``.
+
+        Columns repeat (column 0 predicts the first token of every completion of its row; padding
+        columns read column 0 too), so the backward adds several gradients into one column. It is an
+        ``index_select``, whose backward (``index_add_``) adds them in index order on CPU: advanced
+        indexing's backward (``index_put_`` with accumulate) adds them with parallel atomics there,
+        in whatever order the threads reach them, and the same step's gradients then differ from run
+        to run in the last bits, which sampling turns into different GRPO runs. (On CUDA both add with
+        atomics.)
+        """
+        rows, keep, vocab = logits.shape
+        flat = (self.row[:, None] * keep + self.logit_index).reshape(-1)  # [B * C] rows of [R * keep, V]
+        return logits.reshape(rows * keep, vocab).index_select(0, flat).view(*self.logit_index.shape, vocab)
 
 
 def share_prompts(

@@ -195,6 +195,34 @@ def test_grpo_gradients_equal_and_do_not_depend_on_the_micro_batch_split(small_m
     assert ((micro - ref_grad).norm() / ref_grad.norm()).item() <= 1e-4
 
 
+def test_the_gather_back_to_trl_rows_has_the_same_gradient_every_time(batch):
+    """Several completions read one kept column (the last prompt row; padding columns too), so the
+    backward of ``completion_logits`` adds gradients into one column. It must add them in the same order
+    every time: two threads adding with atomics made GRPO runs from the same start differ. Twenty
+    backwards are bitwise equal, and equal a float64 sum of the gradients each column received."""
+    input_ids, traces, c_width = batch
+    shared = share_prompts(input_ids, traces, c_width)
+    rows, keep, vocab = shared.input_ids.size(0), shared.logits_to_keep, 4096  # [R, keep, V]: any V
+    logits = torch.randn(rows, keep, vocab, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    upstream = torch.randn(len(traces), c_width, vocab, generator=torch.Generator().manual_seed(1))
+    expected = torch.zeros(rows, keep, vocab, dtype=torch.float64)
+    for b in range(len(traces)):
+        for j in range(c_width):  # the column completion b's token j is read from
+            expected[shared.row[b], shared.logit_index[b, j]] += upstream[b, j].double()
+    assert (shared.logit_index == 0).sum() > len(traces)  # columns are read more than once
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the order of a parallel add is what can change
+    try:
+        grads = [
+            torch.autograd.grad((shared.completion_logits(logits) * upstream).sum(), logits)[0]
+            for _ in range(20)
+        ]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(g, grads[0]) for g in grads)
+    assert torch.allclose(grads[0].double(), expected, rtol=0, atol=1e-4)
+
+
 def test_a_mask_that_lets_completion_2_see_completion_1_fails_the_parity_check(small_model, batch):
     """The check above can fail: open completion 1's keys to completion 2's rows and the same parity
     measure exceeds its bound on completion 2 (and only there)."""
