@@ -11,9 +11,9 @@ per layer, over every eviction the prompts cause:
 - the gap between the evicted token's ``F`` and the next-largest evictable one (median, 10th and 90th
   percentile): how far the rule is from a tie, the scale a sampled eviction's temperature would act on.
 
-The eviction sequence is worked out here from each layer's ``F`` (captured from the forward, which replays
-the same rule), one arriving token at a time, independently of ``replay_evictions``. Prompts only: what
-decoding evicts is not counted.
+Which token each arrival evicted comes from the forward's own replay (``selective_keep_mask``, captured
+with each layer's ``F``); this script only reads the scores off. Prompts only: what decoding evicts is not
+counted.
 
 Run::
 
@@ -30,47 +30,54 @@ import numpy as np
 
 
 @contextlib.contextmanager
-def captured_masks():
-    """Each layer's ``F`` ``[n, n]`` (first row of the batch) as the budgeted forward computes it, in layer
-    order, while the context is open."""
+def captured_layers():
+    """Each layer's ``(F, held)`` as the budgeted forward computes them, in layer order, while the context is
+    open: ``F`` ``[n, n]`` and the held sets ``[n, n]`` (row ``i``: what the layer holds when token ``i``
+    attends) that the forward's own replay (``selective_keep_mask``) returns, for the first row of the batch."""
     import rollouts.selective.attention as attention
 
-    masks: list[np.ndarray] = []
+    layers: list[tuple[np.ndarray, np.ndarray]] = []
     replay = attention.selective_keep_mask
 
     def capture(mask, budget, padding_mask=None, branches=None):
-        masks.append(mask[0].detach().float().cpu().numpy())
-        return replay(mask, budget, padding_mask, branches)
+        keep = replay(mask, budget, padding_mask, branches)
+        layers.append((mask[0].detach().float().cpu().numpy(), keep[0].cpu().numpy()))
+        return keep
 
     attention.selective_keep_mask = capture
     try:
-        yield masks
+        yield layers
     finally:
         attention.selective_keep_mask = replay
 
 
-def eviction_scores(f: np.ndarray, budget: int) -> list[tuple[float, float]]:
+def eviction_scores(f: np.ndarray, held: np.ndarray) -> list[tuple[float, float]]:
     """``(F of the evicted token, gap to the next-largest evictable F)`` for each eviction of one layer over
-    a prompt whose ``F`` is ``f`` ``[n, n]``: token ``i`` arriving at ``budget`` held tokens evicts the
-    largest ``f[i, k]`` over the held ``k`` other than the first (<BOS>), the oldest on ties.
+    a prompt: ``f`` its ``F`` ``[n, n]``, ``held`` its held sets ``[n, n]`` (the replay's). Token ``i``
+    evicted what was held when ``i - 1`` attended and is not when ``i`` does; it chose among those tokens
+    but the first (<BOS>), by ``f[i]``.
 
+    >>> import torch
+    >>> from rollouts.selective.eviction import selective_keep_mask
     >>> f = np.array([[0, 0, 0, 0], [0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 5.0, 0]])
-    >>> eviction_scores(f, 2)  # token 2 evicts token 1 (F 2 alone), token 3 evicts token 2 (F 5 alone)
+    >>> held = selective_keep_mask(torch.tensor(f)[None], 2)[0].numpy()
+    >>> eviction_scores(f, held)  # token 2 evicts token 1 (F 2 alone), token 3 evicts token 2 (F 5 alone)
     [(2.0, inf), (5.0, inf)]
-    >>> eviction_scores(np.zeros((4, 4)), 3)  # no selection: the oldest goes, at a tie
+    >>> zeros = np.zeros((4, 4))
+    >>> eviction_scores(zeros, selective_keep_mask(torch.tensor(zeros)[None], 3)[0].numpy())  # a tie
     [(0.0, 0.0)]
     """
-    held = list(range(min(budget, len(f))))
     events = []
-    for i in range(budget, len(f)):
-        candidates = np.array(held[1:])
+    for i in range(1, len(f)):
+        before, after = held[i - 1, :i], held[i, :i]
+        victims = np.flatnonzero(before & ~after)
+        if len(victims) == 0:
+            continue
+        candidates = np.flatnonzero(before)[1:]  # never <BOS>, the first held
         scores = f[i, candidates]
-        victim = int(np.argmax(scores))  # the first maximum: the oldest of the most masked
-        rest = np.delete(scores, victim)
-        gap = float(scores[victim] - rest.max()) if len(rest) else float("inf")
-        events.append((float(scores[victim]), gap))
-        held.remove(int(candidates[victim]))
-        held.append(i)
+        rest = scores[candidates != victims[0]]
+        gap = float(f[i, victims[0]] - rest.max()) if len(rest) else float("inf")
+        events.append((float(f[i, victims[0]]), gap))
     return events
 
 
@@ -108,10 +115,10 @@ def main(argv: list[str] | None = None) -> None:
     events: list[list[tuple[float, float]]] = [[] for _ in budgets]
     for row in spread_rows(load_split(args.data, args.split), args.examples):
         ids = torch.tensor([layout_example(row, tokenizer, layout).input_ids])
-        with captured_masks() as masks, torch.no_grad():
+        with captured_layers() as layers, torch.no_grad():
             model(input_ids=ids, heed_state=AttentionState(budgets=budgets))
-        for layer, f in enumerate(masks):
-            events[layer] += eviction_scores(f, budgets[layer])
+        for layer, (f, held) in enumerate(layers):
+            events[layer] += eviction_scores(f, held)
     print(f"{checkpoint}: {args.examples} prompts of {args.data} ({args.split}), budgets {list(budgets)}")
     print("layer  budget  evictions  F evicted (median)  F = 0  gap to next: median   p10    p90")
     for layer, (budget, rows) in enumerate(zip(budgets, events)):
