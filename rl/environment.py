@@ -75,7 +75,9 @@ def package_versions() -> dict[str, str]:
 
 def describe() -> dict:
     """This process's environment: Python, the platform, the CPU (model, cores, vector flags), the
-    package versions, and torch's thread count and CUDA version (``None`` on CPU builds)."""
+    package versions, torch's thread count, the instruction set its CPU kernels run (the CPU's best
+    unless ``ATEN_CPU_CAPABILITY`` lowers it: ``AVX512``, ``AVX2``, ...), and its CUDA version (``None`` on
+    CPU builds)."""
     import torch
 
     cpuinfo = _cpuinfo()
@@ -87,5 +89,6 @@ def describe() -> dict:
         "simd": simd_flags(cpuinfo),
         "packages": package_versions(),
         "torch_threads": torch.get_num_threads(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda": torch.version.cuda,
     }

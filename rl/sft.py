@@ -22,6 +22,7 @@ pick the evidence chunk from gold traces, but copying the value needs denser tar
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,7 @@ from data.prompts import gold_completion, layout_example
 from rl.console import console, interactive, quiet_trainer
 from rl.copy_rows import IGNORE_INDEX, ValueCopyRows, with_copy_rows
 from rl.logprobs import pack
+from rl.selective.frozen_selection import frozen_selection
 from rl.selective.losses import forward_with_memory_loss, selection_weight
 from rollouts.masks import trace_completion
 from rollouts.protocol import (
@@ -147,6 +149,9 @@ class SFTConfig:
     # selection_ramp_steps (selection_weight): for a model pretrained without Selective Attention
     selection_from_step: int = 0
     selection_ramp_steps: int = 0
+    # Selective Attention models: head 0's query and key rows, the selection logits, get no gradient
+    # (rl.selective.frozen_selection): the base's selection is kept while the rest learns to read under it
+    freeze_selection: bool = False
     copy_rows: int = 0  # rl.copy_rows.ValueCopyRows rows added to each step's loss (0: none)
     copy_from_step: int = 0  # the first step that adds them
     copy_segment: int = 24  # tokens per segment of a copy row
@@ -163,6 +168,11 @@ class SFTConfig:
             raise ValueError(f"SFTConfig.learning_rate must be > 0, got {self.learning_rate}")
         if min(self.selection_from_step, self.selection_ramp_steps) < 0:
             raise ValueError("SFTConfig.selection_from_step and selection_ramp_steps must be >= 0")
+        if self.freeze_selection and self.weight_decay:
+            raise ValueError(
+                "SFTConfig.freeze_selection keeps head 0's query and key rows by giving them no gradient, and "
+                f"AdamW's weight decay ({self.weight_decay}) would still shrink them: set weight_decay to 0"
+            )
 
 
 def training_arguments(config: SFTConfig, **overrides):
@@ -240,7 +250,9 @@ def train_sft(model, tokenizer, train_rows: Sequence[Mapping], config: SFTConfig
         callbacks=list(callbacks),
         **extra,
     )
-    quiet_trainer(trainer).train()
+    frozen = frozen_selection(model) if config.freeze_selection else contextlib.nullcontext()
+    with frozen:
+        quiet_trainer(trainer).train()
     return trainer
 
 

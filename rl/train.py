@@ -290,6 +290,7 @@ class TrainRecipe:
             sft_config.memory_eps, sft_config.memory_tau = cfg.selective.memory_eps, cfg.selective.memory_tau
             sft_config.selection_from_step = cfg.selective.selection_from_step
             sft_config.selection_ramp_steps = cfg.selective.selection_ramp_steps
+            sft_config.freeze_selection = cfg.selective.freeze_selection_in_sft
         rows = list(self.data[cfg.data.train_split])
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()

@@ -158,6 +158,12 @@ class RunConfig(Section):
             f"the selection fades in during SFT, so it must be whole by sft.max_steps ({self.sft.max_steps}): "
             f"selection_from_step + selection_ramp_steps is {fade_in}",
         )
+        check(
+            not self.selective.freeze_selection_in_sft or (self.sft.enabled and not self.sft.weight_decay),
+            "selective.freeze_selection_in_sft",
+            "keeps head 0's query and key rows by giving them no gradient in SFT: it needs sft.enabled and "
+            f"sft.weight_decay 0 (AdamW's decay would still shrink them; got {self.sft.weight_decay})",
+        )
         layers = self.model.num_layers()
         if budgets is not None and layers is not None:
             check(

@@ -320,6 +320,11 @@ class SelectiveSection(Section):
     # answer that reads no context. Must end within sft.max_steps; after SFT it masks fully.
     selection_from_step: int = 0
     selection_ramp_steps: int = 0
+    # For a base pretrained with Selective Attention: SFT gives head 0's query and key rows (every layer's
+    # selection logits) no gradient, so the selection it pretrained with is kept while the rest of the model
+    # learns to read under it (rl/selective/frozen_selection.py: faded in over what SFT just learned to read,
+    # a layer's selection can die below the ReLU and leave it a sliding window). GRPO trains them.
+    freeze_selection_in_sft: bool = False
     # The attention kernel of prefills and training forwards: dense (any device) or triton (fused: F is never
     # materialised; CUDA only, see docs/selective-attention.md, "Fused kernels"). Forwards that replay budgets always run dense.
     kernel: str = "dense"
@@ -329,6 +334,11 @@ class SelectiveSection(Section):
             self.enabled or self.budgets is None,
             self.key("budgets"),
             "budgets evict by Selective Attention's mask: set selective.enabled: true, or budgets: null",
+        )
+        check(
+            self.enabled or not self.freeze_selection_in_sft,
+            self.key("freeze_selection_in_sft"),
+            "freezes Selective Attention's selection: set selective.enabled: true, or freeze_selection_in_sft: false",
         )
         if self.budgets is not None:
             check(self.budgets, self.key("budgets"), "must list one budget per layer, or be null")

@@ -414,6 +414,14 @@ def test_random_step_overrides_round_trip(overrides):
         ),
         (["selective.enabled=true", "selective.selection_ramp_steps=-1"], r"selective\.selection_ramp_steps"),
         (
+            ["selective.enabled=true", "selective.freeze_selection_in_sft=true", "sft.weight_decay=0.01"],
+            r"selective\.freeze_selection_in_sft: .*sft\.weight_decay 0 .*got 0\.01",
+        ),
+        (
+            ["selective.freeze_selection_in_sft=true"],
+            r"selective\.freeze_selection_in_sft: freezes Selective Attention's selection: set selective\.enabled",
+        ),
+        (
             ["selective.enabled=true", "selective.eviction_gradient=soft"],
             r"selective\.eviction_gradient: must be one of none, straight_through",
         ),

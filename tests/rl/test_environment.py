@@ -2,10 +2,14 @@
 
 import importlib.metadata
 import json
+import os
+import subprocess
+import sys
 
+import pytest
 import torch
 
-from rl.environment import cpu_model, describe, simd_flags
+from rl.environment import _cpuinfo, cpu_model, describe, simd_flags
 
 CPUINFO = """processor	: 0
 model name	: Intel(R) Xeon(R) Platinum 8480+
@@ -30,3 +34,13 @@ def test_describe_names_the_installed_stack_and_is_json():
     assert env["packages"]["transformers"] == importlib.metadata.version("transformers")
     assert env["torch_threads"] == torch.get_num_threads() and env["cores"] >= 1
     assert "not-a-package" not in env["packages"]
+
+
+@pytest.mark.skipif("avx2" not in simd_flags(_cpuinfo()), reason="the CPU has no AVX2")
+def test_describe_names_the_kernels_aten_cpu_capability_chose():
+    """``ATEN_CPU_CAPABILITY=avx2`` runs another set of kernels on an AVX-512 machine, and with it other
+    rounding: the file must tell such a run from one on the CPU's own kernels."""
+    code = "import json; from rl.environment import describe; print(json.dumps(describe()))"
+    env = os.environ | {"ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.splitlines()[-1])["torch_cpu_capability"] == "AVX2"

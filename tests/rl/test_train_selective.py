@@ -42,6 +42,9 @@ def runs(tmp_path_factory):
             "data.build.splits={train: 16, validation: 2, test: 2}", "selective.budgets=null",
             "selective.search_budgets=true", "selective.search_examples=2", "selective.search_step=300",
             "selective.search_min_step=null", "selective.grpo_budget_scale=0.5",
+            # the gold traces' loss: a 2-step policy answers nothing at any budget, so the config's accuracy
+            # judge would take every layer to the floor (heed budgets --judge accuracy is tested below)
+            "selective.search_judge=loss", "selective.search_tolerance=0.0",
         ),
     }  # fmt: skip
 
