@@ -14,7 +14,8 @@ base's values instead, so the model learns to read under the selection the base 
 What it leaves out: the rows' inputs still train (the embeddings, ``input_layernorm``, and Qwen3's
 ``q_norm``/``k_norm``, which every head shares), so the selection can still move, more slowly; and under
 grouped-query attention head 0's key rows are its whole group's, so the other heads of that group keep
-their keys too.
+their keys too. The hooks act on whole parameters: under DeepSpeed ZeRO-3, which partitions them, this is
+not checked.
 """
 
 from __future__ import annotations
