@@ -35,7 +35,7 @@ from data.prompts import gold_completion, layout_example
 from rl.console import console, interactive, quiet_trainer
 from rl.copy_rows import IGNORE_INDEX, ValueCopyRows, with_copy_rows
 from rl.logprobs import pack
-from rl.selective.frozen_selection import frozen_selection
+from rl.selective.frozen_selection import check_weight_decay, frozen_selection
 from rl.selective.losses import forward_with_memory_loss, selection_weight
 from rollouts.masks import trace_completion
 from rollouts.protocol import (
@@ -168,11 +168,8 @@ class SFTConfig:
             raise ValueError(f"SFTConfig.learning_rate must be > 0, got {self.learning_rate}")
         if min(self.selection_from_step, self.selection_ramp_steps) < 0:
             raise ValueError("SFTConfig.selection_from_step and selection_ramp_steps must be >= 0")
-        if self.freeze_selection and self.weight_decay:
-            raise ValueError(
-                "SFTConfig.freeze_selection keeps head 0's query and key rows by giving them no gradient, and "
-                f"AdamW's weight decay ({self.weight_decay}) would still shrink them: set weight_decay to 0"
-            )
+        if self.freeze_selection:
+            check_weight_decay(self.weight_decay, "SFTConfig.weight_decay")
 
 
 def training_arguments(config: SFTConfig, **overrides):

@@ -51,6 +51,7 @@ from rl.config.sections import (
 )
 from rl.config.training import GRPOSection, SelectiveSection, SFTSection
 from rl.config.validation import REPO_ROOT, SHARE_ROOT, ConfigError, Section, check, from_mapping
+from rl.selective.frozen_selection import check_weight_decay
 
 SECRET_FIELDS = frozenset({"logging.wandb_api_key"})  # dropped by to_dict(redact=True) and save_run_config
 DEFAULT_CONFIG = Path("configs") / "tiny.yaml"  # the embedded default, relative to the repo or share dir
@@ -158,12 +159,16 @@ class RunConfig(Section):
             f"the selection fades in during SFT, so it must be whole by sft.max_steps ({self.sft.max_steps}): "
             f"selection_from_step + selection_ramp_steps is {fade_in}",
         )
-        check(
-            not self.selective.freeze_selection_in_sft or (self.sft.enabled and not self.sft.weight_decay),
-            "selective.freeze_selection_in_sft",
-            "keeps head 0's query and key rows by giving them no gradient in SFT: it needs sft.enabled and "
-            f"sft.weight_decay 0 (AdamW's decay would still shrink them; got {self.sft.weight_decay})",
-        )
+        if self.selective.freeze_selection_in_sft:
+            check(
+                self.sft.enabled,
+                "selective.freeze_selection_in_sft",
+                "freezes the selection in SFT: set sft.enabled",
+            )
+            try:
+                check_weight_decay(self.sft.weight_decay, "sft.weight_decay")
+            except ValueError as error:
+                raise ConfigError(f"selective.freeze_selection_in_sft: {error}") from None
         layers = self.model.num_layers()
         if budgets is not None and layers is not None:
             check(

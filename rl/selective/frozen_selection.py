@@ -22,8 +22,27 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch stays unimported here: run configs check check_weight_decay when they load
+    import torch
+
+
+def check_weight_decay(weight_decay: float, name: str = "weight_decay") -> None:
+    """The frozen rows get no gradient, but AdamW's decoupled weight decay would still shrink them, so a
+    frozen selection needs ``name`` (the optimizer's weight decay) at 0.
+
+    >>> check_weight_decay(0.0)
+    >>> check_weight_decay(0.01, "sft.weight_decay")
+    Traceback (most recent call last):
+    ...
+    ValueError: the selection rows are frozen by giving them no gradient, and AdamW's weight decay (0.01) would still shrink them: set sft.weight_decay to 0
+    """
+    if weight_decay:
+        raise ValueError(
+            "the selection rows are frozen by giving them no gradient, and AdamW's weight decay "
+            f"({weight_decay}) would still shrink them: set {name} to 0"
+        )
 
 
 def selection_rows(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter, int]]:
@@ -52,6 +71,7 @@ def frozen_selection(model: torch.nn.Module) -> Iterator[list[str]]:
     gradient was 0 is 0); yields the names of the frozen parameters. The other rows of the same
     projections train as before.
 
+    >>> import torch
     >>> from transformers import Qwen3Config, Qwen3ForCausalLM
     >>> model = Qwen3ForCausalLM(Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32,
     ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8))
@@ -66,7 +86,7 @@ def frozen_selection(model: torch.nn.Module) -> Iterator[list[str]]:
     handles, names = [], []
     for name, param, rows in selection_rows(model):
 
-        def zero_rows(grad: torch.Tensor, rows: int = rows) -> torch.Tensor:
+        def zero_rows(grad: torch.Tensor, rows: int = rows) -> torch.Tensor:  # [rows_out, ...]
             grad = grad.clone()
             grad[:rows] = 0
             return grad
