@@ -422,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     budgets.add_argument(
         "--judge", default="loss",
         help="what must stay within --tolerance of the full cache: 'loss', the gold traces' (fast), or "
-        "'accuracy', the policy's own greedy answers (what users get; generates every example per candidate)",
+        "'accuracy', the policy's own greedy answers, counted where the trace keeps the protocol (what users "
+        "get; generates every example per candidate)",
     )  # fmt: skip
     budgets.add_argument(
         "--examples",

@@ -7,7 +7,8 @@ A run directory holds several policies (``rl/dashboard/run_dir.py`` has the file
     RUN_DIR/sft/                             after the SFT warm start
     RUN_DIR/budget_search/                   the same policy with the KV budgets searched for it
     RUN_DIR/checkpoints/checkpoint-N/        Trainer checkpoints; complete once heed_complete.json exists
-    RUN_DIR/final/                           when training ended
+    RUN_DIR/final/                           when training ended (selective.search_after_grpo: with the
+                                             budgets searched for it, and its search.json)
 
 Which one is exported: ``checkpoints/checkpoint-N`` when a step is asked for (it must be complete), the
 folder of a phase when one is (``sft``: the warm start, to compare with the GRPO policy), else

@@ -9,6 +9,8 @@
                (eval.sampled_samples) and `da` sampled at the GRPO temperature -> eval/sft_sampled.json
     grpo_budgets  (selective.grpo_budget_scale < 1) GRPO's tighter KV budgets -> grpo_budgets/
     grpo       DA-masked GRPO (rl/grpo.py), checkpoints every N steps         -> checkpoints/, final/
+    final_budget_search  (selective.search_after_grpo) the budgets searched again, for the GRPO policy
+                                                                                -> final/ (search.json)
     eval                                                                        -> eval/grpo.json
                (eval.sampled_samples)                                          -> eval/grpo_sampled.json
     export     an HF model directory with heed.json, ready to serve            -> export/
@@ -173,10 +175,12 @@ class TrainRecipe:
 
     def _budgets(self) -> list[int] | None:
         """The run's Selective Attention KV budgets: ``selective.budgets``, or with ``selective.search_budgets``
-        the search's (none before it has run); from the ``grpo_budgets`` phase on, GRPO's scaled ones."""
+        the search's (none before it has run); from the ``grpo_budgets`` phase on, GRPO's scaled ones; after
+        ``final_budget_search``, the GRPO policy's own."""
         selective = self.config.selective
-        if "grpo_budgets" in self.state:
-            return self.state["grpo_budgets"]
+        for later in ("final_budgets", "grpo_budgets"):
+            if later in self.state:
+                return self.state[later]
         return self.state.get("budgets") if selective.search_budgets else selective.budgets
 
     # -- phases ----------------------------------------------------------------------------------------
@@ -207,6 +211,8 @@ class TrainRecipe:
                 if cfg.selective.grpo_budget_scale != 1.0:
                     self._once("grpo_budgets", self.grpo_budgets, every_rank=True)
                 self._once("grpo", self.grpo, every_rank=True)
+                if cfg.selective.search_after_grpo:  # before the final eval: it runs under them
+                    self._once("final_budget_search", self.final_budget_search, every_rank=True)
                 self._evaluate_phase("grpo", step=cfg.grpo.max_steps)
             if cfg.export.enabled:
                 self._once("export", self.export)
@@ -343,9 +349,22 @@ class TrainRecipe:
         self.state["budgets"] = self.ranks.share(self.ranks.on_main(self._search_budgets))
         set_budgets(self.model, self._budgets())
 
-    def _search_budgets(self) -> list[int]:
-        """Rank 0: search, save the policy with its budgets to ``RUN_DIR/budget_search`` (where a resume
-        loads it from) and restart the rollout pool on it (engines evict under a checkpoint's budgets)."""
+    def final_budget_search(self) -> None:
+        """The same search for the policy GRPO trained (``selective.search_after_grpo``), from the full cache:
+        the budgets it meets, which the final eval and the export carry (saved with it to ``RUN_DIR/final``).
+        GRPO's own budgets were the SFT policy's scaled, what it trained under, not what it needs."""
+        if _partitioned(self.model):  # ZeRO-3: rank 0 searches alone, on the whole model GRPO saved
+            self.model = load_policy(self.config, self.run_dir / "final", self._budgets())
+        phase = "final_budget_search"
+        self.state["final_budgets"] = self.ranks.share(
+            self.ranks.on_main(lambda: self._search_budgets(phase))
+        )
+        set_budgets(self.model, self._budgets())
+
+    def _search_budgets(self, phase: str = "budget_search") -> list[int]:
+        """Rank 0: search, save the policy with its budgets (``budget_search``: to ``RUN_DIR/budget_search``;
+        ``final_budget_search``: over ``RUN_DIR/final``, where a resume loads it from) and restart the rollout
+        pool on it (engines evict under a checkpoint's budgets)."""
         from rl.selective.budgets import search_rows
 
         cfg, selective = self.config, self.config.selective
@@ -368,17 +387,28 @@ class TrainRecipe:
             self.model.train(training)
         budgets = list(result.budgets)
         measured = {result.measure: result.shown(result.loss), "target": result.shown(result.target)}
-        out = self._restart_with_budgets("budget_search", budgets, measured)
+        sft = self.state.get("budgets") if phase == "final_budget_search" else None  # the SFT policy's search
+        if sft:
+            measured["mean_budget_vs_sft"] = result.mean_budget / (sum(sft) / len(sft))
+        folder = "final" if phase == "final_budget_search" else phase
+        out = self._restart_with_budgets(phase, budgets, measured, folder=folder)
         (out / "search.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
-        console.print(f"budget search: {result.summary()}")
+        console.print(f"{phase.replace('_', ' ')}: {result.summary()}", soft_wrap=True)
+        if sft:
+            console.print(
+                f"the GRPO policy's mean budget is {measured['mean_budget_vs_sft']:.2f}x the SFT policy's "
+                f"({result.mean_budget:.1f} against {sum(sft) / len(sft):.1f}, {sft})",
+                soft_wrap=True,
+            )
         return budgets
 
-    def _restart_with_budgets(self, phase: str, budgets: list[int], metrics: dict) -> Path:
-        """Rank 0: save the policy with ``budgets`` to ``RUN_DIR/phase`` (where a resume loads it from), log
-        them under ``phase`` and restart the rollout pool on it (engines evict under a checkpoint's budgets)."""
+    def _restart_with_budgets(self, phase: str, budgets: list[int], metrics: dict, folder: str = "") -> Path:
+        """Rank 0: save the policy with ``budgets`` to ``RUN_DIR/folder`` (default: ``phase``; where a resume
+        loads it from), log them under ``phase`` and restart the rollout pool on it (engines evict under a
+        checkpoint's budgets)."""
         from rollouts.selective.eviction import save_budgets
 
-        out = self.run_dir / phase
+        out = self.run_dir / (folder or phase)
         save_budgets(self.model.config, budgets)
         self.model.save_pretrained(out)
         self.tokenizer.save_pretrained(out)

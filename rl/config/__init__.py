@@ -138,20 +138,26 @@ class RunConfig(Section):
     def _validate_selective(self):
         budgets = self.selective.budgets
         split = self.selective.search_split
-        if self.selective.search_budgets:
+        searches = self.selective.search_budgets or self.selective.search_after_grpo
+        if searches:
             check(
                 split != self.data.eval_split,
                 "selective.search_split",
                 f"is the eval split ({split!r}): the budgets would be tuned on what the evals measure; "
                 "search on another split (validation)",
             )
-        if self.selective.search_budgets and self.data.build is not None:
+        if searches and self.data.build is not None:
             check(
                 self.data.data_config().splits.get(split, 0) > 0,
                 "selective.search_split",
                 f"data.build.splits holds no {split!r} examples to search the budgets on: add some, or "
                 "name another split",
             )
+        check(
+            self.grpo.enabled or not self.selective.search_after_grpo,
+            "selective.search_after_grpo",
+            "searches the budgets of the policy GRPO trained: set grpo.enabled, or search_after_grpo: false",
+        )
         fade_in = self.selective.selection_from_step + self.selective.selection_ramp_steps
         check(
             not fade_in or (self.sft.enabled and fade_in <= self.sft.max_steps),

@@ -300,13 +300,18 @@ class SelectiveSection(Section):
     search_min_step: int | None = None
     # What must stay within search_tolerance of the full cache (rl/selective/budgets.py): "loss", the gold
     # traces' loss (target: full x (1 + tolerance)); or "accuracy", the policy's own greedy answers to the
-    # search examples at eval.max_tokens (target: full accuracy - tolerance, in accuracy points)
+    # search examples at eval.max_tokens, each counted where its trace complies (target: full accuracy -
+    # tolerance, in accuracy points)
     search_judge: str = "loss"
     search_tolerance: float = 0.0
     # GRPO's rollouts and trainer evict under the run's budgets (given or searched) times this, rounded down
     # (floor 2); the SFT eval keeps the unscaled ones. Below 1, RL has to keep the policy's accuracy under
     # budgets the SFT policy could not meet; the final eval and the export carry the scaled budgets.
     grpo_budget_scale: float = 1.0
+    # After GRPO, search again for the policy GRPO trained (phase final_budget_search: the same judge, split,
+    # rows, steps and tolerance, from the full cache): the final eval and the export carry those budgets,
+    # what that policy meets, where grpo_budget_scale is what it trained under. Needs grpo.enabled.
+    search_after_grpo: bool = False
     memory_eps: float = 0.1  # weight of the memory loss L_mem (paper eq. 2: eps) in the SFT loss; 0: off
     memory_tau: float = 1.0  # L_mem's tau: how much accumulated mask counts as a token fully masked
     grpo_memory_eps: float = 0.1  # weight of L_mem added to the GRPO loss (logged as aux_loss); 0: off
@@ -370,6 +375,11 @@ class SelectiveSection(Section):
                 self.key("grpo_budget_scale"),
                 "scales the run's budgets, and it has none: give selective.budgets or search_budgets: true",
             )
+        check(
+            self.enabled or not self.search_after_grpo,
+            self.key("search_after_grpo"),
+            "searches Selective Attention budgets: set selective.enabled: true, or search_after_grpo: false",
+        )
         self.one_of("search_split", (*SPLITS, OOD_SPLIT))
         self.at_least("search_examples", 1)
         self.at_least("search_step", 1)

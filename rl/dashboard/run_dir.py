@@ -87,7 +87,16 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_DIR = "trajectories"
 EVAL_DIR = "eval"
-PHASES = ("copy_warmup", "sft", "budget_search", "grpo_budgets", "grpo", "eval", "sample")
+PHASES = (
+    "copy_warmup",
+    "sft",
+    "budget_search",
+    "grpo_budgets",
+    "grpo",
+    "final_budget_search",
+    "eval",
+    "sample",
+)
 ROW_KEYS = ("step", "time", "phase")  # every metrics line has these; the rest are metric names
 
 

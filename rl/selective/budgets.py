@@ -25,10 +25,13 @@ Two judges decide what "within target" means (``heed budgets --judge``):
   the full cache's times ``1 + tolerance``. Cheap (one forward per batch), but it charges a policy for every
   gold token it would not write, a chunk number it no longer copies included, and says nothing of the answer.
 - ``accuracy``: the policy's own greedy completions (``da``, evicting as the candidate says), graded as
-  ``heed eval`` grades them; the error ``1 - accuracy`` at most the full cache's plus ``tolerance``
-  (accuracy points). What users get, at the cost of a batched forward of every example per candidate
-  and a token-by-token decode of each completion the candidate changed
-  (:mod:`rl.selective.verified_greedy`).
+  ``heed eval`` grades them, an answer counted only when its trace keeps the DA protocol (compliance 1);
+  the error ``1 - accuracy`` at most the full cache's plus ``tolerance`` (accuracy points). What users get,
+  at the cost of a batched forward of every example per candidate and a token-by-token decode of each
+  completion the candidate changed (:mod:`rl.selective.verified_greedy`). Compliance counts because
+  budgets are searched for a policy that declares its reads: a policy that, under tight budgets, answers
+  without declaring a read still answers single-needle rows from what ``global`` kept, so plain accuracy
+  would accept budgets at which the protocol, and the reads it saves, are gone.
 """
 
 from __future__ import annotations
@@ -73,10 +76,12 @@ class BudgetSearch:
         """One line: the budgets, what they keep and the bound it met.
 
         >>> BudgetSearch((4, 2), 0.25, 0.3, 9, judge="accuracy").summary()
-        'budgets [4, 2] (mean 3.0): greedy accuracy 0.7500 >= target 0.7000, 9 evaluations'
+        'budgets [4, 2] (mean 3.0): compliant greedy accuracy 0.7500 >= target 0.7000, 9 evaluations'
         """
         by_accuracy = self.judge == "accuracy"
-        measure, bound = ("greedy accuracy", ">=") if by_accuracy else ("gold-completion loss", "<=")
+        measure, bound = (
+            ("compliant greedy accuracy", ">=") if by_accuracy else ("gold-completion loss", "<=")
+        )
         return (
             f"budgets {list(self.budgets)} (mean {self.mean_budget:.1f}): {measure} {self.shown(self.loss):.4f} "
             f"{bound} target {max(0.0, self.shown(self.target)):.4f}, {self.evaluations} evaluations"
@@ -215,7 +220,8 @@ def accuracy_budget_search(
 class GreedyAccuracy:
     """The ``accuracy`` judge's measure, for :func:`accuracy_budget_search`: the policy's greedy ``da``
     completions of ``requests`` under the candidate's budgets, graded as ``heed eval`` grades them
-    (:func:`rl.evaluate.run_requests`). They are decoded by checking the completions of the nearest budgets
+    (:func:`rl.evaluate.run_requests`), each answer counted only when its trace complies
+    (:func:`compliant_accuracy`). They are decoded by checking the completions of the nearest budgets
     already measured, the reference engine decoding only what changed
     (:class:`rl.selective.verified_greedy.VerifiedGreedy`). ``progress(budgets, accuracy)`` after each.
     """
@@ -253,11 +259,24 @@ class GreedyAccuracy:
         return run_requests(self.requests, lambda requests: self.decoder.generate(budgets), modes=("da",))
 
     def __call__(self, budgets: tuple[int, ...]) -> float:
-        rewards = self.report(budgets).rewards
-        accuracy = sum(r.accuracy for r in rewards) / len(rewards)
+        accuracy = compliant_accuracy(self.report(budgets).rewards)
         if self.progress is not None:
             self.progress(budgets, accuracy)
         return accuracy
+
+
+def compliant_accuracy(rewards) -> float:
+    """The mean accuracy of ``rewards`` (:class:`rewards.RewardBreakdown`), an answer counting only where
+    its trace kept the protocol (``compliance == 1``): a right answer that declared no read scores 0.
+
+    >>> from types import SimpleNamespace as R
+    >>> compliant_accuracy([R(accuracy=1.0, compliance=1.0), R(accuracy=1.0, compliance=0.0),
+    ...                     R(accuracy=0.5, compliance=1.0), R(accuracy=0.0, compliance=1.0)])
+    0.375
+    """
+    if not rewards:
+        raise ValueError("compliant_accuracy got no graded completions")
+    return sum(r.accuracy for r in rewards if r.compliance == 1.0) / len(rewards)
 
 
 def gold_batches(tokenizer, rows, layout, batch_size: int = 4) -> list[dict]:

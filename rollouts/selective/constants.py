@@ -21,7 +21,7 @@ DEFAULT_TAU = 1.0  # F at which a key counts as fully masked
 MIN_BUDGET = 2  # <BOS>, which is never evicted, and the arriving token itself
 CONFIG_KEY = "selective_budgets"  # where a checkpoint's config.json keeps its per-layer budgets
 # What a budget search keeps within its tolerance of the full cache (rl/selective/budgets.py): the gold
-# traces' loss, or the policy's own greedy accuracy
+# traces' loss, or the policy's own greedy accuracy (answers counted where the trace keeps the protocol)
 BUDGET_JUDGES = ("loss", "accuracy")
 # What gradient a training forward that replays evictions gives the tokens it evicted: "none" (evicted
 # tokens are masked out, forward and backward: no signal to keep one) or "straight_through" (the forward

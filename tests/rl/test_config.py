@@ -392,6 +392,19 @@ def test_random_step_overrides_round_trip(overrides):
             r"selective\.search_split: must be one of",
         ),
         (["selective.enabled=true", "selective.search_step=0"], r"selective\.search_step: must be >= 1"),
+        (["selective.search_after_grpo=true"], r"selective\.search_after_grpo: searches Selective Attention"),
+        (
+            ["selective.enabled=true", "selective.search_after_grpo=true", "grpo.enabled=false"],
+            r"selective\.search_after_grpo: searches the budgets of the policy GRPO trained: set grpo\.enabled",
+        ),
+        (
+            [
+                "selective.enabled=true",
+                "selective.search_after_grpo=true",
+                "data.build.splits={train: 8, test: 2}",
+            ],
+            r"selective\.search_split: data\.build\.splits holds no 'validation' examples",
+        ),
         (["selective.enabled=true", "selective.search_tolerance=-0.1"], r"selective\.search_tolerance"),
         (["selective.enabled=true", "selective.search_judge=bleu"], r"selective\.search_judge"),
         (

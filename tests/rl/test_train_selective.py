@@ -44,7 +44,7 @@ def runs(tmp_path_factory):
             "selective.search_min_step=null", "selective.grpo_budget_scale=0.5",
             # the gold traces' loss: a 2-step policy answers nothing at any budget, so the config's accuracy
             # judge would take every layer to the floor (heed budgets --judge accuracy is tested below)
-            "selective.search_judge=loss", "selective.search_tolerance=0.0",
+            "selective.search_judge=loss", "selective.search_tolerance=0.0", "selective.search_after_grpo=true",
         ),
     }  # fmt: skip
 
@@ -194,7 +194,8 @@ def halved(budgets):
 def test_the_budget_search_runs_after_sft_and_grpo_trains_under_its_scaled_budgets(searched):
     state = json.loads((searched / "state.json").read_text())
     assert state["completed"] == [
-        "sft", "budget_search", "eval_sft", "grpo_budgets", "grpo", "eval_grpo", "export", "report"
+        "sft", "budget_search", "eval_sft", "grpo_budgets", "grpo", "final_budget_search", "eval_grpo", "export",
+        "report",
     ]  # fmt: skip
     search = json.loads((searched / "budget_search" / "search.json").read_text())
     found = search["budgets"]
@@ -219,9 +220,29 @@ def test_the_budget_search_runs_after_sft_and_grpo_trains_under_its_scaled_budge
     steps = grpo["decode/steps"] * grpo["rollouts/count"]
     per_layer = [grpo[f"kv/tokens_da/layer_{layer:02d}"] for layer in range(4)]
     assert all(0 < read <= budget * steps for read, budget in zip(per_layer, tight))
-    # ... and the export serves with them, while the run's config still says "search"
-    assert json.loads((searched / "export" / "heed.json").read_text())["selective_budgets"] == tight
+    # ... and the run's config still says "search"
     assert "search_budgets: true" in (searched / "config.yaml").read_text()
+
+
+def test_the_search_after_grpo_gives_the_final_eval_and_the_export_the_grpo_policys_budgets(searched):
+    """`selective.search_after_grpo`: the same search, from the full cache, for the policy GRPO trained; saved
+    with it in final/, logged beside the SFT policy's, and what the final eval and the export carry."""
+    state = json.loads((searched / "state.json").read_text())
+    search = json.loads((searched / "final" / "search.json").read_text())
+    final = search["budgets"]
+    assert state["final_budgets"] == final and len(final) == 4 and search["loss"] <= search["target"]
+    sft_search = json.loads((searched / "budget_search" / "search.json").read_text())
+    assert search["context"] == sft_search["context"]  # the same rows: the same full cache
+    assert json.loads((searched / "final" / "config.json").read_text())["selective_budgets"] == final
+    (row,) = [r for r in metrics_rows(searched) if r["phase"] == "final_budget_search"]
+    sft_mean = sum(state["budgets"]) / 4
+    assert row["mean_budget"] == sum(final) / 4
+    assert row["mean_budget_vs_sft"] == pytest.approx(sum(final) / 4 / sft_mean)
+    assert json.loads((searched / "export" / "heed.json").read_text())["selective_budgets"] == final
+    # the final eval evicted under them: no layer held more than its budget at any decode step
+    results = json.loads((searched / "eval" / "grpo.json").read_text())["results"]
+    peaks = [r["kv_peak_per_layer"] for r in results if r["mode"] == "da"]  # one per task and length
+    assert peaks and all(0 < p <= b for peak in peaks for p, b in zip(peak, final, strict=True))
 
 
 def test_a_resume_after_the_search_keeps_its_budgets(searched, tmp_path):
@@ -253,7 +274,8 @@ def test_a_resume_after_the_search_keeps_its_budgets(searched, tmp_path):
     resumed = json.loads((run_dir / "state.json").read_text())
     found = state["budgets"]
     assert resumed["budgets"] == found and resumed["grpo_budgets"] == halved(found)
-    assert resumed["completed"][-5:] == ["grpo_budgets", "grpo", "eval_grpo", "export", "report"]
+    assert resumed["completed"][-6:] == ["grpo_budgets", "grpo", "final_budget_search", "eval_grpo", "export",
+                                         "report"]  # fmt: skip
     assert resumed["wall_s"]["budget_search"] == state["wall_s"]["budget_search"]  # not searched again
     assert (run_dir / "budget_search" / "search.json").read_text() == search
     rows = [r for r in metrics_rows(run_dir) if r["phase"] == "grpo"]
@@ -262,8 +284,10 @@ def test_a_resume_after_the_search_keeps_its_budgets(searched, tmp_path):
     steps = grpo["decode/steps"] * grpo["rollouts/count"]
     tight = halved(found)
     assert all(grpo[f"kv/tokens_da/layer_{layer:02d}"] <= b * steps for layer, b in enumerate(tight))
-    assert json.loads((run_dir / "final" / "config.json").read_text())["selective_budgets"] == tight
-    assert json.loads((run_dir / "export" / "heed.json").read_text())["selective_budgets"] == tight
+    # the resumed GRPO policy's own search, saved with it and exported
+    final = resumed["final_budgets"]
+    assert json.loads((run_dir / "final" / "config.json").read_text())["selective_budgets"] == final
+    assert json.loads((run_dir / "export" / "heed.json").read_text())["selective_budgets"] == final
 
 
 def metrics_rows(run_dir):

@@ -114,7 +114,8 @@ def test_the_accuracy_judge_decodes_each_candidate_and_its_full_context_evicts_n
     assert [t.completion_ids for t in tight.trajectories] != [t.completion_ids for t in unbudgeted]
     evicting = ReferenceEngine(engine.model, tokenizer, budgets=(2,) * 4).generate(judge.requests)
     assert [t.completion_ids for t in tight.trajectories] == [t.completion_ids for t in evicting]
-    assert judge((2,) * 4) == sum(r.accuracy for r in tight.rewards) / 2
+    # an answer counts only where its trace keeps the protocol (rewards.compliance)
+    assert judge((2,) * 4) == sum(r.accuracy * (r.compliance == 1.0) for r in tight.rewards) / 2
     with pytest.raises(ValueError, match="accuracy points"):
         accuracy_budget_search(judge, num_layers=4, context=judge.context, tolerance=5)
     # what `heed budgets` and the run's budget_search phase call: the same search, named by its judge
