@@ -466,10 +466,11 @@ def test_selective_config_runs_its_rollouts_on_vllm():
     assert set(ROLLOUT_ENGINES) == {"auto", *ENGINES}
     selective = load_run_config(REPO / "configs" / "tiny-selective.yaml")
     assert selective.selective.enabled and selective.rollout_engine == "vllm"
-    # it searches its budgets after SFT, to the token, and trains GRPO under 0.7x them
+    # it searches its budgets after SFT, to the token, trains GRPO under 0.7x them, then searches the GRPO
+    # policy's own by the same judge
     searching = selective.selective
     assert searching.budgets is None and searching.search_budgets and searching.search_min_step == 1
-    assert 0 < searching.grpo_budget_scale < 1
+    assert 0 < searching.grpo_budget_scale < 1 and searching.search_after_grpo
     assert searching.search_split == "validation" != selective.data.eval_split
     fixed = load_run_config(
         REPO / "configs" / "tiny-selective.yaml",

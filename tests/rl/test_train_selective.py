@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 # fixed budgets (the config searches its own); every prompt here is longer than each
 BUDGETS = [256, 192, 128, 192]
 FIXED = [f"selective.budgets=[{', '.join(map(str, BUDGETS))}]", "selective.search_budgets=false",
-         "selective.grpo_budget_scale=1.0"]  # fmt: skip
+         "selective.grpo_budget_scale=1.0", "selective.search_after_grpo=false"]  # fmt: skip
 # the config's base and its fade-in of the selection, over these runs' two SFT steps
 FADE_IN = ["selective.selection_from_step=1", "selective.selection_ramp_steps=1"]
 
