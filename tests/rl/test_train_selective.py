@@ -257,7 +257,7 @@ def test_a_resume_after_the_search_keeps_its_budgets(searched, tmp_path):
     state["completed"] = ["sft", "budget_search", "eval_sft"]
     for phase in ("grpo_budgets", "grpo", "eval_grpo", "export", "report"):
         state["wall_s"].pop(phase, None)
-    del state["grpo_budgets"]
+    del state["grpo_budgets"], state["final_budgets"]  # what the phases after the search recorded
     (run_dir / "state.json").write_text(json.dumps(state))
     for later in ("grpo_budgets", "final", "checkpoints", "export"):
         shutil.rmtree(run_dir / later, ignore_errors=True)
