@@ -355,16 +355,19 @@ class TrainRecipe:
         GRPO's own budgets were the SFT policy's scaled, what it trained under, not what it needs."""
         if _partitioned(self.model):  # ZeRO-3: rank 0 searches alone, on the whole model GRPO saved
             self.model = load_policy(self.config, self.run_dir / "final", self._budgets())
-        phase = "final_budget_search"
         self.state["final_budgets"] = self.ranks.share(
-            self.ranks.on_main(lambda: self._search_budgets(phase))
+            self.ranks.on_main(
+                lambda: self._search_budgets("final_budget_search", "final", self.state.get("budgets"))
+            )
         )
         set_budgets(self.model, self._budgets())
 
-    def _search_budgets(self, phase: str = "budget_search") -> list[int]:
-        """Rank 0: search, save the policy with its budgets (``budget_search``: to ``RUN_DIR/budget_search``;
-        ``final_budget_search``: over ``RUN_DIR/final``, where a resume loads it from) and restart the rollout
-        pool on it (engines evict under a checkpoint's budgets)."""
+    def _search_budgets(
+        self, phase: str = "budget_search", folder: str = "", sft: list[int] | None = None
+    ) -> list[int]:
+        """Rank 0: search, save the policy with its budgets to ``RUN_DIR/folder`` (default: ``phase``; where a
+        resume loads it from) and restart the rollout pool on it (engines evict under a checkpoint's budgets).
+        ``sft``: the SFT policy's searched budgets, whose mean the result's is set beside."""
         from rl.selective.budgets import search_rows
 
         cfg, selective = self.config, self.config.selective
@@ -387,10 +390,8 @@ class TrainRecipe:
             self.model.train(training)
         budgets = list(result.budgets)
         measured = {result.measure: result.shown(result.loss), "target": result.shown(result.target)}
-        sft = self.state.get("budgets") if phase == "final_budget_search" else None  # the SFT policy's search
         if sft:
             measured["mean_budget_vs_sft"] = result.mean_budget / (sum(sft) / len(sft))
-        folder = "final" if phase == "final_budget_search" else phase
         out = self._restart_with_budgets(phase, budgets, measured, folder=folder)
         (out / "search.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
         console.print(f"{phase.replace('_', ' ')}: {result.summary()}", soft_wrap=True)

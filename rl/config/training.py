@@ -353,12 +353,13 @@ class SelectiveSection(Section):
                     f"{self.key('budgets')}[{i}]",
                     f"must be >= {MIN_BUDGET} (<BOS> and the arriving token), got {budget}",
                 )
-        if self.search_budgets:
+        for search in ("search_budgets", "search_after_grpo"):
             check(
-                self.enabled,
-                self.key("search_budgets"),
-                "searches Selective Attention budgets: set selective.enabled: true, or search_budgets: false",
+                self.enabled or not getattr(self, search),
+                self.key(search),
+                f"searches Selective Attention budgets: set selective.enabled: true, or {search}: false",
             )
+        if self.search_budgets:
             check(
                 self.budgets is None,
                 self.key("search_budgets"),
@@ -375,11 +376,6 @@ class SelectiveSection(Section):
                 self.key("grpo_budget_scale"),
                 "scales the run's budgets, and it has none: give selective.budgets or search_budgets: true",
             )
-        check(
-            self.enabled or not self.search_after_grpo,
-            self.key("search_after_grpo"),
-            "searches Selective Attention budgets: set selective.enabled: true, or search_after_grpo: false",
-        )
         self.one_of("search_split", (*SPLITS, OOD_SPLIT))
         self.at_least("search_examples", 1)
         self.at_least("search_step", 1)
